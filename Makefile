@@ -1,0 +1,47 @@
+# agentstream: the two commands are `make demo` and `make test`; the rest are their parts.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+AGENTSTREAM := $(VENV)/bin/agentstream
+PYTEST_ARGS ?=
+
+.PHONY: venv up down status demo test lint bench clean
+
+# The virtual environment, rebuilt when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+up: venv
+	$(AGENTSTREAM) dev up
+
+down:
+	@test -x $(AGENTSTREAM) && $(AGENTSTREAM) dev down || true
+
+status: venv
+	$(AGENTSTREAM) dev status
+
+# The main job on a fresh machine: local Kafka + PostgreSQL, then a check that a record and a vector
+# make the round trip. (Leaves the stack running; `make down` stops it.)
+demo: venv
+	$(AGENTSTREAM) dev up
+	$(AGENTSTREAM) dev check
+
+# Start the stack unless it is already running, run the tests, and stop what this target started,
+# also when the tests fail or are interrupted.
+test: venv
+	@started=0; \
+	$(AGENTSTREAM) dev status >/dev/null 2>&1 || started=1; \
+	if [ $$started = 1 ]; then trap '$(AGENTSTREAM) dev down' EXIT; fi; \
+	$(AGENTSTREAM) dev up && $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean: down
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,2 @@
+-- pgvector: vector columns and HNSW indexes (retrieval).
+CREATE EXTENSION IF NOT EXISTS vector;

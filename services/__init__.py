@@ -1,0 +1,1 @@
+"""agentstream services: planner, inference, retrieval, tools (one package each)."""

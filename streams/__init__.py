@@ -1,0 +1,3 @@
+"""agentstream's shared streaming layer: events, topics, codecs, the consumer runtime, client, replay."""
+
+__all__: list[str] = []

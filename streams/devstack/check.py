@@ -1,0 +1,78 @@
+"""``agentstream dev check``: prove the stack works end to end in a few seconds.
+
+Creates a throwaway topic, produces a keyed record with acks=all, consumes it back in a group and
+commits, round-trips a vector through PostgreSQL's pgvector, and reports each step's time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streams import db
+from streams.config import Settings
+from streams.topics import TopicSpec, ensure_topics
+
+
+@dataclass(frozen=True)
+class CheckStep:
+    name: str
+    detail: str
+    ms: float
+
+
+async def run_check(settings: Settings) -> list[CheckStep]:
+    steps: list[CheckStep] = []
+    token = uuid.uuid4().hex[:8]
+    topic = f"agentstream.check.{token}"
+
+    t0 = time.perf_counter()
+    await ensure_topics(settings.kafka_bootstrap, [TopicSpec(topic, partitions=1)])
+    steps.append(CheckStep("create topic", topic, _ms(t0)))
+    try:
+        t0 = time.perf_counter()
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all",
+                                    enable_idempotence=True)
+        await producer.start()
+        try:
+            meta = await producer.send_and_wait(topic, key=token.encode(), value=b"hello from agentstream")
+        finally:
+            await producer.stop()
+        steps.append(CheckStep("produce (acks=all)", f"partition {meta.partition} offset {meta.offset}", _ms(t0)))
+
+        t0 = time.perf_counter()
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap,
+                                    group_id=f"agentstream-check-{token}", auto_offset_reset="earliest",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            msg = await consumer.getone()
+            await consumer.commit()
+        finally:
+            await consumer.stop()
+        steps.append(CheckStep("consume + commit", f"{msg.key.decode()} -> {msg.value.decode()}", _ms(t0)))
+    finally:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+
+    t0 = time.perf_counter()
+    conn = await db.connect(settings.database_url)
+    try:
+        version = await conn.fetchval("SHOW server_version")
+        distance = await conn.fetchval("SELECT '[1,0,0]'::vector <=> '[0,1,0]'::vector")
+    finally:
+        await conn.close()
+    steps.append(CheckStep("postgres + pgvector", f"PostgreSQL {version}, cosine distance {distance:.1f}", _ms(t0)))
+    return steps
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000

@@ -1,0 +1,200 @@
+"""``agentstream dev up | down | status``: the local Kafka + PostgreSQL stack as one unit.
+
+The state file (``<state dir>/stack.json``) records the bootstrap servers, the ``DATABASE_URL``, the
+PIDs and directories; every other command reads it through ``streams.config.Settings``. A user's own
+cluster or database (``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL``) is used instead of the local one
+and never started or stopped by us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from streams import migrations
+from streams.config import (
+    DEFAULT_DATABASE,
+    DEFAULT_KAFKA_PORT,
+    DEFAULT_POSTGRES_PORT,
+    Settings,
+    StackPaths,
+    dev_ports,
+    read_state,
+)
+from streams.devstack import process
+from streams.devstack.kafka import KafkaLauncher, metadata_ok
+from streams.devstack.postgres import PostgresLauncher, default_work_dir
+from streams.errors import StackError
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    kafka: str
+    database_url: str
+    running: bool
+    kafka_running: bool
+    postgres_running: bool
+    kafka_pid: int | None = None
+    postgres_pid: int | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [pid for pid in (self.kafka_pid, self.postgres_pid) if pid]
+
+    def public(self) -> dict:
+        """The documented shape of ``agentstream dev status --json``."""
+        return {"kafka": self.kafka, "database_url": self.database_url, "running": self.running}
+
+
+class DevStack:
+    """Start, stop and inspect the local stack described by ``paths``."""
+
+    def __init__(self, paths: StackPaths | None = None) -> None:
+        self.paths = paths or StackPaths.from_env()
+
+    # -- launchers -------------------------------------------------------------------------------
+    def _kafka(self, port: int, controller_port: int) -> KafkaLauncher:
+        return KafkaLauncher(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
+                             work_dir=self.paths.state_dir / "kafka", port=port,
+                             controller_port=controller_port)
+
+    def _postgres(self, port: int) -> PostgresLauncher:
+        run_as = process.RunAs.for_postgres()
+        return PostgresLauncher(infra_dir=self.paths.infra_dir,
+                                work_dir=default_work_dir(self.paths.state_dir, run_as),
+                                port=port, database=DEFAULT_DATABASE, run_as=run_as)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise concurrent ``up``/``down`` calls on the same state directory."""
+        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.state_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _write_state(self, state: dict) -> None:
+        tmp = self.paths.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        os.replace(tmp, self.paths.state_file)
+
+    # -- commands --------------------------------------------------------------------------------
+    def status(self) -> StackStatus:
+        settings = Settings.load(self.paths)
+        state = read_state(self.paths.state_file)
+        kafka_ref, postgres_ref = _ref(state, "kafka"), _ref(state, "postgres")
+        if settings.external_kafka:
+            kafka_running = asyncio.run(metadata_ok(settings.kafka_bootstrap))
+        else:
+            kafka_running = kafka_ref is not None and kafka_ref.alive()
+        if settings.external_database:
+            url = urlsplit(settings.database_url)
+            postgres_running = process.can_connect(url.hostname or "127.0.0.1", url.port or 5432)
+        else:
+            postgres_running = postgres_ref is not None and postgres_ref.alive()
+        return StackStatus(
+            kafka=settings.kafka_bootstrap, database_url=settings.database_url,
+            running=kafka_running and postgres_running, kafka_running=kafka_running,
+            postgres_running=postgres_running,
+            kafka_pid=kafka_ref.pid if kafka_ref and kafka_running and not settings.external_kafka else None,
+            postgres_pid=postgres_ref.pid if postgres_ref and postgres_running
+            and not settings.external_database else None,
+        )
+
+    def up(self, *, kafka_port: int | None = None, pg_port: int | None = None) -> StackStatus:
+        """Start whatever is not running yet, apply migrations, record the state. Idempotent.
+
+        Kafka's controller listens on the port after the broker's (``kafka_port + 1``).
+        """
+        env_kafka_port, env_pg_port = dev_ports()
+        with self._locked():
+            settings = Settings.load(self.paths)
+            state = read_state(self.paths.state_file)
+            before = self.status()
+            kafka_port = kafka_port or env_kafka_port or state.get("kafka_port") or DEFAULT_KAFKA_PORT
+            pg_port = pg_port or env_pg_port or state.get("postgres_port") or DEFAULT_POSTGRES_PORT
+            for name, running, asked, recorded in (
+                ("Kafka", before.kafka_running, kafka_port, state.get("kafka_port")),
+                ("PostgreSQL", before.postgres_running, pg_port, state.get("postgres_port")),
+            ):
+                if running and recorded and asked != recorded:
+                    raise StackError(f"{name} is already running on port {recorded}; "
+                                     "run `agentstream dev down` before choosing another port")
+            kafka = self._kafka(kafka_port, kafka_port + 1)
+            postgres = self._postgres(pg_port)
+            to_start = {}
+            if not settings.external_kafka and not before.kafka_running:
+                kafka.preflight()
+                to_start["kafka"] = kafka.start
+            if not settings.external_database and not before.postgres_running:
+                postgres.preflight()
+                to_start["postgres"] = postgres.start
+            refs = self._start_together(to_start, stop={"kafka": kafka.stop, "postgres": postgres.stop})
+            if "kafka" in refs:
+                state.update(kafka=kafka.bootstrap, kafka_port=kafka.port,
+                             kafka_controller_port=kafka.controller_port, kafka_dir=str(kafka.work_dir),
+                             kafka_pid=refs["kafka"].pid, kafka_started=refs["kafka"].started)
+            if "postgres" in refs:
+                state.update(database_url=postgres.url, postgres_port=postgres.port,
+                             postgres_dir=str(postgres.work_dir), postgres_pid=refs["postgres"].pid,
+                             postgres_started=refs["postgres"].started)
+            if refs:
+                state["started_at"] = time.time()
+                self._write_state(state)
+            asyncio.run(migrations.migrate(Settings.load(self.paths).database_url))
+            return self.status()
+
+    @staticmethod
+    def _start_together(starters: dict[str, Callable[[], process.ProcessRef]],
+                        stop: dict[str, Callable[[process.ProcessRef], object]]
+                        ) -> dict[str, process.ProcessRef]:
+        """Start the servers in parallel (cold start is the slower of the two, not the sum); if one
+        fails, stop the others so nothing is left half-started."""
+        if not starters:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(starters)) as pool:
+            jobs = {name: pool.submit(start) for name, start in starters.items()}
+        failed = {name: job.exception() for name, job in jobs.items() if job.exception()}
+        if failed:
+            for name, job in jobs.items():
+                if name not in failed:
+                    stop[name](job.result())
+            raise StackError("\n".join(f"{name}: {exc}" for name, exc in failed.items()))
+        return {name: job.result() for name, job in jobs.items()}
+
+    def down(self, *, purge: bool = False) -> list[str]:
+        """Stop what ``up`` started (never a user's own cluster); return what was stopped."""
+        stopped: list[str] = []
+        with self._locked():
+            settings = Settings.load(self.paths)
+            state = read_state(self.paths.state_file)
+            if not settings.external_kafka and KafkaLauncher.stop(_ref(state, "kafka")):
+                stopped.append("kafka")
+            if not settings.external_database and PostgresLauncher.stop(_ref(state, "postgres")):
+                stopped.append("postgres")
+            for key in ("kafka_pid", "kafka_started", "postgres_pid", "postgres_started"):
+                state.pop(key, None)
+            if purge:
+                for key in ("kafka_dir", "postgres_dir"):
+                    if state.get(key):
+                        shutil.rmtree(state[key], ignore_errors=True)
+                self.paths.state_file.unlink(missing_ok=True)
+            elif state:
+                self._write_state(state)
+        return stopped
+
+
+
+def _ref(state: dict, name: str) -> process.ProcessRef | None:
+    return process.ProcessRef.from_state(state.get(f"{name}_pid"), state.get(f"{name}_started"))

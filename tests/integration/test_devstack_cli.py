@@ -1,0 +1,116 @@
+"""`agentstream dev up | down | status` on an isolated stack (own state directory and ports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams.devstack.postgres import default_work_dir
+from streams.devstack.process import ProcessRef, RunAs, free_port, port_in_use
+
+pytestmark = pytest.mark.slow
+CLI = [sys.executable, "-m", "streams.cli"]
+
+
+def _env(state_dir: Path, kafka_port: int, pg_port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")}
+    env.update(AGENTSTREAM_STATE_DIR=str(state_dir), AGENTSTREAM_KAFKA_PORT=str(kafka_port),
+               AGENTSTREAM_PG_PORT=str(pg_port), **extra)
+    return env
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _processes_mentioning(needle: str) -> list[int]:
+    """Live (non-zombie) processes whose command line mentions ``needle``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ref = ProcessRef.of(int(entry.name))
+        if needle in cmd and ref is not None and ref.alive():
+            found.append(ref.pid)
+    return found
+
+
+def _kafka_free_ports() -> int:
+    """A broker port whose successor (the controller port) is free too."""
+    for _ in range(50):
+        port = free_port()
+        if port < 65535 and not port_in_use("127.0.0.1", port + 1):
+            return port
+    raise RuntimeError("no free pair of ports")
+
+
+def test_up_twice_then_down_leaves_no_process(tmp_path):
+    state_dir = tmp_path / "state"
+    env = _env(state_dir, _kafka_free_ports(), free_port())
+    try:
+        first = _cli(env, "dev", "up")
+        assert first.returncode == 0, first.stdout + first.stderr
+        state = json.loads((state_dir / "stack.json").read_text())
+        status = json.loads(_cli(env, "dev", "status", "--json").stdout)
+        assert status == {"kafka": state["kafka"], "database_url": state["database_url"], "running": True}
+
+        second = _cli(env, "dev", "up")
+        assert second.returncode == 0, second.stdout + second.stderr
+        again = json.loads((state_dir / "stack.json").read_text())
+        assert (again["kafka_pid"], again["postgres_pid"]) == (state["kafka_pid"], state["postgres_pid"])
+
+        down = _cli(env, "dev", "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        for name in ("kafka", "postgres"):
+            assert not ProcessRef(state[f"{name}_pid"], state[f"{name}_started"]).alive(), name
+        assert not port_in_use("127.0.0.1", state["kafka_port"])
+        assert not port_in_use("127.0.0.1", state["postgres_port"])
+        assert _processes_mentioning(str(state_dir)) == []
+        assert _processes_mentioning(state["postgres_dir"]) == []
+        stopped = _cli(env, "dev", "status", "--json")
+        assert stopped.returncode == 1 and json.loads(stopped.stdout)["running"] is False
+    finally:
+        _cli(env, "dev", "down", "--purge")
+
+
+def test_taken_port_is_a_clear_error_and_nothing_is_left_running(tmp_path):
+    state_dir = tmp_path / "state"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        env = _env(state_dir, taken, free_port())
+        try:
+            result = _cli(env, "dev", "up")
+            assert result.returncode == 2
+            assert f"port {taken}" in result.stderr and "taken" in result.stderr, result.stderr
+            assert _processes_mentioning(str(state_dir)) == []
+            assert _processes_mentioning(str(_postgres_dir(state_dir))) == []
+        finally:
+            _cli(env, "dev", "down", "--purge")
+
+
+def test_missing_java_is_a_clear_error(tmp_path):
+    state_dir = tmp_path / "state"
+    env = _env(state_dir, _kafka_free_ports(), free_port(), PATH="/nonexistent")
+    try:
+        result = _cli(env, "dev", "up")
+        assert result.returncode == 2
+        assert "Java 17+" in result.stderr, result.stderr
+        assert _processes_mentioning(str(_postgres_dir(state_dir))) == []
+    finally:
+        _cli(env, "dev", "down", "--purge")
+
+
+def _postgres_dir(state_dir: Path) -> Path:
+    return default_work_dir(state_dir.resolve(), RunAs.for_postgres())
