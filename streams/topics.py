@@ -1,8 +1,8 @@
-"""Topics: specifications and idempotent creation.
+"""The topic catalogue: every topic agentstream uses, with its partitions and configs, and its creation.
 
-Topics are created on purpose (the broker has ``auto.create.topics.enable=false``), with their
-partition count and configs stated here, so a typo never creates a topic and a compacted topic is
-never created as a deleting one by a producer that got there first.
+Topics are created on purpose (the broker has ``auto.create.topics.enable=false``), from this catalogue
+only, so a typo never creates a topic and a compacted topic is never created as a deleting one.
+Names are built by ``Topics`` from an optional prefix, which isolates tests and replays.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from aiokafka.errors import for_code
 from streams.errors import AgentStreamError
 
 _TOPIC_ALREADY_EXISTS = 36
+DAY_MS = 24 * 3600 * 1000
 
 
 class TopicMismatch(AgentStreamError):
@@ -28,6 +29,98 @@ class TopicSpec:
     partitions: int = 1
     replication_factor: int = 1
     configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def _retention(days: int) -> dict[str, str]:
+    return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Names of agentstream's topics and consumer groups under one prefix."""
+
+    prefix: str = ""
+    partitions: int = 8
+    replication_factor: int = 1
+
+    def _t(self, name: str) -> str:
+        return f"{self.prefix}agent.{name}"
+
+    @property
+    def tasks(self) -> str:
+        return self._t("tasks")
+
+    @property
+    def inference_requests(self) -> str:
+        return self._t("inference.requests")
+
+    @property
+    def inference_results(self) -> str:
+        return self._t("inference.results")
+
+    @property
+    def tokens(self) -> str:
+        return self._t("tokens")
+
+    @property
+    def retrieval_requests(self) -> str:
+        return self._t("retrieval.requests")
+
+    @property
+    def retrieval_results(self) -> str:
+        return self._t("retrieval.results")
+
+    @property
+    def tool_requests(self) -> str:
+        return self._t("tool.requests")
+
+    @property
+    def tool_results(self) -> str:
+        return self._t("tool.results")
+
+    @property
+    def runs(self) -> str:
+        return self._t("runs")
+
+    @property
+    def outcomes(self) -> str:
+        return self._t("outcomes")
+
+    @property
+    def dlq(self) -> str:
+        return self._t("dlq")
+
+    def group(self, service: str) -> str:
+        """The consumer group of a service."""
+        return f"{self.prefix}agentstream.{service}"
+
+    @property
+    def planner_inputs(self) -> list[str]:
+        """Co-partitioned: a run's events land on the same partition number of each."""
+        return [self.tasks, self.inference_results, self.retrieval_results, self.tool_results]
+
+    def specs(self) -> list[TopicSpec]:
+        n, rf = self.partitions, self.replication_factor
+        run_keyed = [
+            (self.tasks, _retention(7)),
+            (self.inference_requests, _retention(7)),
+            (self.inference_results, _retention(7)),
+            (self.tokens, _retention(1)),
+            (self.retrieval_requests, _retention(7)),
+            (self.retrieval_results, _retention(7)),
+            (self.tool_requests, _retention(7)),
+            (self.tool_results, _retention(7)),
+            (self.outcomes, _retention(7)),
+            (self.runs, {
+                "cleanup.policy": "compact",
+                "min.cleanable.dirty.ratio": "0.1",
+                "segment.ms": str(3600 * 1000),
+                "delete.retention.ms": str(DAY_MS),
+            }),
+        ]
+        specs = [TopicSpec(name, n, rf, configs) for name, configs in run_keyed]
+        specs.append(TopicSpec(self.dlq, 1, rf, _retention(30)))
+        return specs
 
 
 async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_ms: int = 30000) -> list[str]:

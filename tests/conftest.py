@@ -169,3 +169,29 @@ async def topic_factory(kafka_bootstrap: str, unique: str) -> AsyncIterator[Topi
             await admin.delete_topics(created)
         finally:
             await admin.close()
+
+
+@pytest.fixture(scope="session")
+def settings(infra: Infra, database_url: str):
+    """Settings for the session's broker and database (tests give each pipeline its own prefix)."""
+    from streams.config import Settings
+
+    return Settings(kafka_bootstrap=infra.kafka, database_url=database_url, partitions=4,
+                    session_timeout_ms=6000)
+
+
+@pytest.fixture(scope="session")
+def effects_table(database_url: str) -> str:
+    """The table tests/integration/pipeline_tools.py's ``effect`` tool writes to."""
+
+    async def create() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("""CREATE TABLE IF NOT EXISTS test_effects (
+                id serial PRIMARY KEY, run_id text NOT NULL, step_id text NOT NULL, label text NOT NULL,
+                at timestamptz NOT NULL DEFAULT now())""")
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return "test_effects"

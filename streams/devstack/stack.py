@@ -34,6 +34,7 @@ from streams.devstack import process
 from streams.devstack.kafka import KafkaLauncher, metadata_ok
 from streams.devstack.postgres import PostgresLauncher, default_work_dir
 from streams.errors import StackError
+from streams.topics import Topics, ensure_topics
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,10 @@ class DevStack:
             if refs:
                 state["started_at"] = time.time()
                 self._write_state(state)
-            asyncio.run(migrations.migrate(Settings.load(self.paths).database_url))
+            settings = Settings.load(self.paths)
+            asyncio.run(migrations.migrate(settings.database_url))
+            topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+            asyncio.run(ensure_topics(settings.kafka_bootstrap, topics.specs()))
             return self.status()
 
     @staticmethod

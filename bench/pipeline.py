@@ -1,0 +1,211 @@
+"""Pipeline throughput and per-hop latency: N runs of 3 steps (model → calculator → model answer).
+
+The model is the zero-latency scripted backend, so what is measured is agentstream itself: Kafka hops,
+PostgreSQL history, the planner, the runtime. Workers run as separate processes (`agentstream worker
+...`, on their own topic prefix) on the stack `agentstream dev up` started (started here if needed).
+
+Reports:
+- steps/s: completed steps over the wall time from the first submit to the last outcome, with
+  ``--concurrency`` runs in flight;
+- per-hop latency p50/p99: for every event a service consumed, from the Kafka record's timestamp
+  (stamped by the producer when it sends the event) to the moment the next service took it
+  (both recorded in PostgreSQL); also shown, from the event's own created_at (which for the
+  planner's requests is the start of the transition, so it includes the history write);
+- overhead per step: the unloaded time per step of a run through the pipeline minus the time per step
+  of the same agent loop (planner state machine, scripted model, calculator) run in-process without
+  Kafka or PostgreSQL.
+
+    .venv/bin/python bench/pipeline.py [--runs 1500] [--concurrency 20] [--layout split] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+
+from services.inference.backends.base import ChatMessage
+from services.inference.backends.scripted import scripted_reply
+from services.planner import machine
+from services.tools.builtin import evaluate
+from streams.client import AgentClient
+from streams.config import Settings
+from streams.devstack.stack import DevStack
+from streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
+from streams.tool_catalog import ToolInfo
+from streams.topics import Topics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def in_process_steps_per_s(runs: int) -> float:
+    """The same loop without Kafka or PostgreSQL: state machine + scripted model + calculator."""
+    calc = [ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object"})]
+    topics = Topics()
+    steps = 0
+    t0 = time.perf_counter()
+    for i in range(runs):
+        now = datetime.now(UTC)
+        task = TaskSubmitted.build(run_id=f"r{i}", step=f"r{i}:task", service="bench", task=f"What is {i} + 1?",
+                                   tools=["calculator"], max_steps=5)
+        state = machine.start(task, calc, now)
+        while not state.terminal:
+            machine.outputs(state, topics)  # the events it would publish
+            if state.pending_kind == "model":
+                msgs = tuple(ChatMessage(role=m.role, content=m.content) for m in state.messages)
+                text, _ = scripted_reply(msgs)
+                result = InferenceCompleted.build(run_id=state.run_id, step=state.pending_step_id, service="b",
+                                                  text=text, finish_reason="stop")
+            else:
+                value = evaluate(state.pending_request["arguments"]["expression"])
+                result = ToolCallCompleted.build(run_id=state.run_id, step=state.pending_step_id, service="b",
+                                                 tool="calculator", ok=True, result=json.dumps(value))
+            state = machine.advance(state, result, datetime.now(UTC))
+            steps += 1
+        machine.outputs(state, topics)
+    return steps / (time.perf_counter() - t0)
+
+
+async def submit_all(client: AgentClient, count: int, concurrency: int, offset: int) -> tuple[list[str], float]:
+    semaphore = asyncio.Semaphore(concurrency)
+    run_ids: list[str] = []
+
+    async def one(i: int) -> None:
+        async with semaphore:
+            run_id = await client.submit(f"What is {i} + {i}?", tools=["calculator"], max_steps=5)
+            run_ids.append(run_id)
+            result = await client.wait(run_id, timeout=300)
+            if not result.ok or result.steps != 3:
+                raise RuntimeError(f"run {run_id} did not take the 3 expected steps: {result}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(offset + i) for i in range(count)))
+    return run_ids, time.perf_counter() - t0
+
+
+async def measure(settings: Settings, runs: int, concurrency: int) -> dict:
+    async with AgentClient(settings) as client:
+        # Warm-up at the measured concurrency: connections, statement plans, and the broker's JIT
+        # (a freshly started JVM is several times slower for its first tens of seconds).
+        await submit_all(client, max(300, runs // 4), concurrency, 0)
+        sequential: list[float] = []
+        for i in range(20):
+            t0 = time.perf_counter()
+            run_id = await client.submit(f"What is {i} * 2?", tools=["calculator"], max_steps=5)
+            await client.wait(run_id, timeout=60)
+            sequential.append((time.perf_counter() - t0) * 1000 / 3)
+        run_ids, wall = await submit_all(client, runs, concurrency, 100_000)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        rows = await conn.fetch(
+            """SELECT event_type, extract(epoch FROM consumed_at - appended_at) * 1000 AS hop,
+                      extract(epoch FROM consumed_at - produced_at) * 1000 AS made
+               FROM events WHERE run_id = ANY($1) AND consumed_at IS NOT NULL""", run_ids)
+    finally:
+        await conn.close()
+    by_type: dict[str, list[float]] = {}
+    for r in rows:
+        by_type.setdefault(r["event_type"], []).append(float(r["hop"]))
+    return {"steps_per_s": 3 * runs / wall, "wall_s": wall, "hops": [float(r["hop"]) for r in rows],
+            "made_to_consumed": [float(r["made"]) for r in rows], "by_type": by_type,
+            "sequential_step_ms": statistics.median(sequential)}
+
+
+def start_workers(settings: Settings, layout: str, log_dir: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
+           "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions)}
+    groups = {"single": [["all"]], "split": [["planner"], ["inference"], ["tools"], ["retrieval"]],
+              "split2": [["planner"], ["planner"], ["inference"], ["tools"], ["retrieval"]]}[layout]
+    procs = []
+    for group in groups:
+        log = open(log_dir / f"worker-{group[0]}.log", "ab")
+        procs.append(subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", *group, "--log-level", "WARNING"],
+                                      env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+async def wait_ready(settings: Settings, timeout: float = 60) -> None:
+    """Until a run completes end to end (every group joined, tools registered)."""
+    deadline = time.monotonic() + timeout
+    async with AgentClient(settings) as client:
+        while True:
+            try:
+                run_id = await client.submit("What is 1 + 1?", tools=["calculator"])
+                await client.wait(run_id, timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1500)
+    parser.add_argument("--concurrency", type=int, default=20, help="runs in flight")
+    parser.add_argument("--layout", choices=["split", "split2", "single"], default="split",
+                        help="one process per service (split) or `worker all` (single)")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    args = parser.parse_args()
+
+    status = DevStack().up()
+    settings = replace(Settings.load(), kafka_bootstrap=status.kafka, database_url=status.database_url,
+                       topic_prefix=f"bench{uuid.uuid4().hex[:6]}.")
+    log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
+    procs = start_workers(settings, args.layout, log_dir)
+    try:
+        asyncio.run(wait_ready(settings))
+        result = asyncio.run(measure(settings, args.runs, args.concurrency))
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    baseline = in_process_steps_per_s(2000)
+    hops = result["hops"]
+    out = {
+        "steps_per_s": round(result["steps_per_s"], 1),
+        "hop_p50_ms": round(percentile(hops, 50), 2),
+        "hop_p99_ms": round(percentile(hops, 99), 2),
+        "overhead_per_step_ms": round(result["sequential_step_ms"] - 1000 / baseline, 2),
+        "in_process_steps_per_s": round(baseline, 1),
+        "unloaded_step_ms": round(result["sequential_step_ms"], 2),
+        "created_to_consumed_p50_ms": round(percentile(result["made_to_consumed"], 50), 2),
+        "runs": args.runs, "concurrency": args.concurrency, "layout": args.layout,
+    }
+    print(f"{args.runs} runs x 3 steps, {args.concurrency} in flight, workers: {args.layout}")
+    print(f"  throughput        {out['steps_per_s']:>8} steps/s  ({result['wall_s']:.1f} s)")
+    made = result["made_to_consumed"]
+    print(f"  hop latency       p50 {out['hop_p50_ms']} ms   p99 {out['hop_p99_ms']} ms   ({len(hops)} hops, "
+          "sent → consumed)")
+    print(f"  created→consumed  p50 {percentile(made, 50):.2f} ms   p99 {percentile(made, 99):.2f} ms")
+    for event_type, values in sorted(result["by_type"].items()):
+        print(f"    {event_type:<20} p50 {percentile(values, 50):7.2f} ms   p99 {percentile(values, 99):7.2f} ms")
+    print(f"  unloaded step     {out['unloaded_step_ms']} ms through the pipeline, "
+          f"{1000 / baseline:.3f} ms in-process → overhead {out['overhead_per_step_ms']} ms/step")
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

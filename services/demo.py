@@ -1,0 +1,100 @@
+"""``agentstream demo``: the whole system on one machine, one task, every step shown as it happens.
+
+Starts the local stack (unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL name your own), runs the four
+services in this process (the llama.cpp backend with SmolLM2-135M when installed, else the scripted
+model), submits a task, prints each step as the planner records it, then the answer and the path of
+every event through Kafka (topic, partition, offset, and how long each hop took).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from services.worker import WorkerOptions
+from streams.config import Settings
+from streams.testing import Pipeline
+
+SAMPLE_TASK = "What is 17 * 23?"
+
+
+def pick_backend(requested: str | None) -> str:
+    if requested:
+        return requested
+    try:
+        import xllamacpp  # noqa: F401
+
+        from services.inference.backends.llamacpp import default_model_path
+
+        default_model_path()
+        return "llamacpp"
+    except Exception:
+        return "scripted"
+
+
+async def run_demo(task: str, backend: str, console: Console, timeout: float = 180.0) -> bool:
+    settings = Settings.load()
+    console.print(f"Kafka [bold]{settings.kafka_bootstrap}[/bold] · PostgreSQL [bold]{settings.database_url}[/bold]")
+    console.print(f"starting planner, inference ([bold]{backend}[/bold]), retrieval and tools…")
+    t0 = time.perf_counter()
+    async with Pipeline.start(settings, WorkerOptions(backend=backend, backend_options=_options(backend))) as pipe:
+        console.print(f"services ready in {time.perf_counter() - t0:.1f} s (model loaded, consumer groups joined)\n")
+        run_id = await pipe.client.submit(task, tools=["calculator"], max_steps=6)
+        console.print(f"[bold]task[/bold] {task!r} → run [cyan]{run_id}[/cyan]")
+        waiter = asyncio.create_task(pipe.client.wait(run_id, timeout=timeout))
+        shown: set[int] = set()
+        while True:
+            status = await pipe.client.status(run_id) or {"steps": []}
+            for step in status["steps"]:
+                if step["status"] != "requested" and step["step_index"] not in shown:
+                    shown.add(step["step_index"])
+                    console.print(_describe(step))
+            if waiter.done():
+                break
+            await asyncio.sleep(0.1)
+        result = waiter.result()
+        if result.ok:
+            console.print(f"\n[green bold]answer[/green bold] {result.answer}  "
+                          f"({result.steps} steps, {result.duration_ms:.0f} ms)")
+        else:
+            console.print(f"\n[red bold]failed[/red bold] ({result.error_code}) {result.error}")
+        console.print(_timeline(await pipe.client.events(run_id)))
+        console.print(f"history: [bold]agentstream status {run_id}[/bold]")
+        return result.ok
+
+
+def _options(backend: str) -> dict[str, Any]:
+    return {"slots": 2} if backend == "llamacpp" else {}
+
+
+def _describe(step: dict[str, Any]) -> str:
+    ms = (step["completed_at"] - step["requested_at"]).total_seconds() * 1000
+    result = step["result"] or {}
+    if step["kind"] == "model":
+        what = f"model said {result.get('text', '').strip()}"
+        detail = f"{result.get('completion_tokens', 0)} tokens, TTFT {result.get('ttft_ms', 0):.0f} ms"
+    elif step["kind"] == "tool":
+        request = step["request"]
+        outcome = result.get("result") if step["status"] == "completed" else f"error: {step['error']}"
+        what = f"tool {request['tool']}({json.dumps(request['arguments'])}) → {outcome}"
+        detail = "tool service"
+    else:
+        what = f"retrieval {step['request'].get('query')!r} → {len(result.get('passages', []))} passages"
+        detail = "retrieval service"
+    return f"  step {step['step_index']}  {what}   [dim]{ms:.0f} ms · {detail}[/dim]"
+
+
+def _timeline(events: list[dict[str, Any]]) -> Table:
+    table = Table("event", "topic", "partition@offset", "hop ms", "consumed by", title="every step is an event")
+    for e in events:
+        hop = ""
+        if e["consumed_at"] is not None and e.get("appended_at") is not None:
+            hop = f"{(e['consumed_at'] - e['appended_at']).total_seconds() * 1000:.1f}"
+        where = f"{e['partition']}@{e['offset']}" if e["offset"] is not None else "-"
+        table.add_row(e["event_type"], e["topic"], where, hop, e["consumed_by"] or "(client)")
+    return table

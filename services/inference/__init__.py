@@ -1,0 +1,1 @@
+"""Inference service: consumes InferenceRequested, runs a model backend, streams tokens, publishes InferenceCompleted."""

@@ -1,0 +1,1 @@
+"""Model backends for the inference service: the interface (base) and its engines."""

@@ -1,0 +1,80 @@
+"""The model backend interface every inference engine implements.
+
+A backend turns one request into a stream of text deltas followed by exactly one ``Final`` record.
+The inference service runs up to ``slots`` generations at once (the engine batches them: llama.cpp's
+parallel slots, TensorRT-LLM's in-flight batching); cancelling the consuming task, or closing the
+async iterator, aborts the generation and frees its slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from streams.errors import AgentStreamError
+
+
+class BackendError(AgentStreamError):
+    """The engine failed a request. ``retriable`` when trying again may succeed (overload, 5xx, I/O)."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationRequest:
+    request_id: str  # the step_id: stable across redeliveries
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int = 256
+    temperature: float = 0.0
+    #: JSON schema the reply must satisfy (structured output); None for free text.
+    response_schema: dict[str, Any] | None = None
+    #: Requests of the same run share this key, so an engine can keep their common prefix cached.
+    cache_key: str | None = None
+    model: str | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Newly generated text (may be several tokens)."""
+
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Final:
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    ttft_ms: float = 0.0
+    model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    #: How many generations the engine runs at once; the service consumes with this concurrency.
+    slots: int
+
+    async def start(self) -> None:
+        """Load the model. The service joins its consumer group only after this returns."""
+
+    async def close(self) -> None:
+        """Release the engine."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
+        """Yield deltas, then one ``Final``. Raise ``BackendError`` on failure."""
+        ...

@@ -1,0 +1,115 @@
+"""The inference service: InferenceRequested in, TokenChunks while generating, InferenceCompleted out.
+
+It consumes with concurrency equal to the backend's slots, so the engine always has a full batch and
+never more than it can run. Tokens go to ``agent.tokens`` (key: run_id) as they are made: the first
+delta at once (time to first token), later ones coalesced every ``token_flush_s`` so a fast engine does
+not turn every token into a Kafka record. A request whose deadline has passed is answered with an error
+at once; a generation that outlives it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from datetime import UTC, datetime
+
+from services.inference.backends.base import (
+    Backend,
+    BackendError,
+    ChatMessage,
+    Delta,
+    Final,
+    GenerationRequest,
+)
+from streams.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
+from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+
+SERVICE = "inference"
+
+
+class InferenceService:
+    def __init__(self, runtime: Runtime, backend: Backend, *, token_flush_s: float = 0.02) -> None:
+        self.runtime = runtime
+        self.backend = backend
+        self.token_flush_s = token_flush_s
+
+    def service(self, **overrides) -> ServiceRunner:
+        topics = self.runtime.topics
+        slots = self.backend.slots
+        config = ServiceConfig(name=SERVICE, topics=[topics.inference_requests],
+                               group_id=topics.group(SERVICE), concurrency=slots,
+                               max_in_flight=max(4 * slots, 16), **overrides)
+        return ServiceRunner(self.runtime, config, self.handle)
+
+    async def handle(self, event: Event, ctx: Context) -> None:
+        if not isinstance(event, InferenceRequested):
+            raise TypeError(f"the inference service does not handle {type(event).__name__}")
+        started = time.perf_counter()
+        if event.deadline is not None and event.deadline <= datetime.now(UTC):
+            await self._complete(ctx, event, Final(text="", finish_reason="error", prompt_tokens=0,
+                                                   completion_tokens=0), started, error="deadline_exceeded")
+            return
+        request = GenerationRequest(
+            request_id=event.step_id,
+            messages=tuple(ChatMessage(role=m.role, content=m.content, name=m.name) for m in event.messages),
+            max_tokens=event.max_tokens, temperature=event.temperature,
+            response_schema=json.loads(event.response_schema) if event.response_schema else None,
+            cache_key=event.run_id, model=event.model,
+        )
+        timeout = (event.deadline - datetime.now(UTC)).total_seconds() if event.deadline else None
+        try:
+            final = await asyncio.wait_for(self._generate(request, event, ctx), timeout)
+        except TimeoutError:
+            await self._complete(ctx, event, Final(text="", finish_reason="error", prompt_tokens=0,
+                                                   completion_tokens=0), started, error="deadline_exceeded")
+            return
+        except BackendError as exc:
+            if exc.retriable:
+                raise  # the runtime retries with backoff, then dead-letters
+            await self._complete(ctx, event, Final(text="", finish_reason="error", prompt_tokens=0,
+                                                   completion_tokens=0), started, error=str(exc))
+            return
+        await self._complete(ctx, event, final, started)
+
+    async def _generate(self, request: GenerationRequest, event: InferenceRequested, ctx: Context) -> Final:
+        seq = 0
+        buffer: list[str] = []
+        last_flush = 0.0
+        final: Final | None = None
+
+        async def flush() -> None:
+            nonlocal seq, last_flush
+            if buffer:
+                await ctx.emit(self.runtime.topics.tokens, TokenChunk.build(
+                    run_id=event.run_id, step=event.step_id, service=SERVICE, part=str(seq), seq=seq,
+                    text="".join(buffer)))
+                buffer.clear()
+                seq += 1
+                last_flush = time.perf_counter()
+
+        # aclosing: if this task is cancelled (deadline, shutdown), the engine aborts at once rather
+        # than when the generator is garbage-collected.
+        async with contextlib.aclosing(self.backend.generate(request)) as stream:
+            async for item in stream:
+                if isinstance(item, Delta):
+                    buffer.append(item.text)
+                    if seq == 0 or time.perf_counter() - last_flush >= self.token_flush_s:
+                        await flush()
+                else:
+                    final = item
+        await flush()
+        if final is None:
+            raise BackendError(f"{self.backend.name} ended without a final record")
+        return final
+
+    async def _complete(self, ctx: Context, event: InferenceRequested, final: Final, started: float,
+                        error: str | None = None) -> None:
+        await ctx.emit(self.runtime.topics.inference_results, InferenceCompleted.build(
+            run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
+            parent_step_id=event.parent_step_id, text=final.text,
+            finish_reason="error" if error else final.finish_reason, prompt_tokens=final.prompt_tokens,
+            completion_tokens=final.completion_tokens, cached_prompt_tokens=final.cached_prompt_tokens,
+            ttft_ms=final.ttft_ms, duration_ms=(time.perf_counter() - started) * 1000,
+            model=final.model, backend=self.backend.name, error=error))

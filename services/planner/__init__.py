@@ -1,0 +1,1 @@
+"""Planner service: the per-run state machine (model → tool / retrieval / answer → loop)."""

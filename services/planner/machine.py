@@ -1,0 +1,188 @@
+"""The run state machine, as pure functions: no I/O, no clock (``now`` is passed in).
+
+``start`` makes a run from its task; ``advance`` applies the result of the pending step and decides the
+next one; ``expire`` fails a run past its deadline; ``outputs`` is every event a state asks to be
+published. Because ``outputs`` depends on the state alone, republishing after a crash yields the same
+events (same ids, same bytes) and consumers drop the copies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime
+
+from services.planner.actions import Action, ActionError, action_schema, instructions, parse_action
+from services.planner.state import COMPLETED, FAILED, RUNNING, RunState
+from streams.events import (
+    Event,
+    InferenceCompleted,
+    InferenceRequested,
+    Message,
+    RetrievalCompleted,
+    RetrievalRequested,
+    RunCompleted,
+    RunFailed,
+    TaskSubmitted,
+    ToolCallCompleted,
+    ToolCallRequested,
+    step_id,
+)
+from streams.tool_catalog import ToolInfo
+from streams.topics import Topics
+
+SERVICE = "planner"
+MAX_PARSE_FAILURES = 3
+MODEL_MAX_TOKENS = 256
+RETRIEVAL_K = 4
+RESULT_PREVIEW = 2000  # characters of a tool or retrieval result shown to the model
+
+
+def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime) -> RunState:
+    """A new run whose first step asks the model what to do."""
+    state = RunState(
+        run_id=task.run_id, status=RUNNING, task=task.task, tools=tuple(task.tools),
+        max_steps=task.max_steps, deadline=task.deadline, model=task.model,
+        system_prompt=task.system_prompt, step_index=0, pending_step_id=None, pending_kind=None,
+        messages=(Message(role="system", content=instructions(tools, task.system_prompt)),
+                  Message(role="user", content=task.task)),
+        response_schema=json.dumps(action_schema(tools), separators=(",", ":")),
+        version=0, submitted_at=task.created_at, updated_at=now,
+    )
+    return _ask_model(state, now, [])
+
+
+def is_pending_result(state: RunState, event: Event) -> bool:
+    """True when ``event`` answers the step the run is waiting for (anything else is a copy or stale)."""
+    return (not state.terminal and event.step_id == state.pending_step_id
+            and isinstance(event, (InferenceCompleted, ToolCallCompleted, RetrievalCompleted)))
+
+
+def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
+            now: datetime) -> RunState:
+    """Apply the pending step's result (check ``is_pending_result`` first) and take the next step."""
+    state = replace(state, last_step_id=event.step_id)
+    if isinstance(event, InferenceCompleted):
+        return _on_model_reply(state, event, now)
+    if isinstance(event, ToolCallCompleted):
+        content = (f"{event.tool} returned: {_preview(event.result)}" if event.ok
+                   else f"{event.tool} failed: {event.error}")
+        return _ask_model(state, now, [Message(role="tool", name=event.tool, content=content)])
+    if event.error:
+        content = f"retrieval failed: {event.error}"
+    elif not event.passages:
+        content = "retrieval found no passages."
+    else:
+        content = "\n".join(f"[{i + 1}] ({p.source or p.id}) {_preview(p.text, 600)}"
+                            for i, p in enumerate(event.passages))
+    return _ask_model(state, now, [Message(role="tool", name="retrieve", content=content)])
+
+
+def expire(state: RunState, now: datetime) -> RunState | None:
+    """The failed state of a run past its deadline, or None if it still has time (or has ended)."""
+    if state.terminal or state.deadline is None or now < state.deadline:
+        return None
+    return fail(state, now, "deadline_exceeded",
+                 f"the deadline {state.deadline.isoformat()} passed after {state.step_index} steps")
+
+
+def _on_model_reply(state: RunState, reply: InferenceCompleted, now: datetime) -> RunState:
+    usage = {"prompt_tokens": state.prompt_tokens + reply.prompt_tokens,
+             "completion_tokens": state.completion_tokens + reply.completion_tokens}
+    if reply.error == "deadline_exceeded":  # the inference service saw the deadline pass first
+        return fail(state, now, "deadline_exceeded", "the deadline passed during a model step", **usage)
+    if reply.error or reply.finish_reason == "error":
+        return fail(state, now, "model_error", reply.error or "the model failed", **usage)
+    said = Message(role="assistant", content=reply.text)
+    try:
+        action = parse_action(reply.text)
+    except ActionError as exc:
+        failures = state.parse_failures + 1
+        if failures >= MAX_PARSE_FAILURES:
+            return fail(state, now, "unparseable_model_output",
+                         f"{failures} replies in a row were not valid actions; last: {exc}",
+                         parse_failures=failures, **usage)
+        hint = Message(role="user", content=f"That reply was not a valid action ({exc}). "
+                                            "Reply with exactly one JSON object as described.")
+        return _ask_model(state, now, [said, hint], parse_failures=failures, **usage)
+    if action.kind == "final_answer":
+        return state.evolve(status=COMPLETED, answer=action.answer, pending_step_id=None, pending_kind=None,
+                            pending_request={}, messages=(*state.messages, said), parse_failures=0,
+                            updated_at=now, **usage)
+    if action.kind == "tool" and action.tool not in state.tools:
+        allowed = ", ".join(state.tools) or "none"
+        note = Message(role="tool", name=action.tool,
+                       content=f"tool {action.tool!r} is not available for this task (available: {allowed})")
+        return _ask_model(state, now, [said, note], parse_failures=0, **usage)
+    return _request(state, now, action, [said], parse_failures=0, **usage)
+
+
+def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) -> RunState:
+    return _next_step(state, now, "model", {}, new, **changes)
+
+
+def _request(state: RunState, now: datetime, action: Action, new: list[Message], **changes) -> RunState:
+    if action.kind == "tool":
+        return _next_step(state, now, "tool", {"tool": action.tool, "arguments": action.arguments}, new, **changes)
+    return _next_step(state, now, "retrieval", {"query": action.query, "k": RETRIEVAL_K}, new, **changes)
+
+
+def _next_step(state: RunState, now: datetime, kind: str, request: dict, new: list[Message],
+               **changes) -> RunState:
+    messages = (*state.messages, *new)
+    if state.step_index >= state.max_steps:
+        return fail(state, now, "max_steps", f"the run used all {state.max_steps} steps without an answer",
+                     messages=messages, **changes)
+    return state.evolve(
+        status=RUNNING, step_index=state.step_index + 1,
+        pending_step_id=step_id(state.run_id, state.step_index, kind), pending_kind=kind,
+        pending_request=request, messages=messages, updated_at=now, **changes,
+    )
+
+
+def fail(state: RunState, now: datetime, code: str, reason: str, **changes) -> RunState:
+    """The run ended without an answer: ``code`` is machine-readable, ``reason`` is for people."""
+    return state.evolve(status=FAILED, error_code=code, error=reason, pending_step_id=None, pending_kind=None,
+                        pending_request={}, updated_at=now, **changes)
+
+
+def _preview(text: str | None, limit: int = RESULT_PREVIEW) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+def outputs(state: RunState, topics: Topics) -> list[tuple[str, Event]]:
+    """Every event this state asks to be published, in order: the pending request (or the outcome)
+    and the snapshot."""
+    out: list[tuple[str, Event]] = []
+    common: dict = {"run_id": state.run_id, "service": SERVICE, "created_at": state.updated_at}
+    if state.status == RUNNING and state.pending_step_id:
+        step = state.pending_step_id
+        common["parent_step_id"] = state.last_step_id
+        if state.pending_kind == "model":
+            out.append((topics.inference_requests, InferenceRequested.build(
+                step=step, messages=list(state.messages), model=state.model,
+                response_schema=state.response_schema, max_tokens=MODEL_MAX_TOKENS, deadline=state.deadline,
+                **common)))
+        elif state.pending_kind == "tool":
+            out.append((topics.tool_requests, ToolCallRequested.build(
+                step=step, tool=state.pending_request["tool"],
+                arguments=json.dumps(state.pending_request["arguments"], sort_keys=True), **common)))
+        else:
+            out.append((topics.retrieval_requests, RetrievalRequested.build(
+                step=step, query=state.pending_request["query"], k=state.pending_request["k"], **common)))
+    elif state.status == COMPLETED:
+        out.append((topics.outcomes, RunCompleted.build(
+            step=f"{state.run_id}:outcome", answer=state.answer or "", steps=state.step_index,
+            duration_ms=_ms(state.submitted_at, state.updated_at), prompt_tokens=state.prompt_tokens,
+            completion_tokens=state.completion_tokens, **common)))
+    elif state.status == FAILED:
+        out.append((topics.outcomes, RunFailed.build(
+            step=f"{state.run_id}:outcome", error_code=state.error_code or "failed", error=state.error or "",
+            steps=state.step_index, duration_ms=_ms(state.submitted_at, state.updated_at), **common)))
+    out.append((topics.runs, state.snapshot(service=SERVICE)))
+    return out
+
+
+def _ms(start: datetime, end: datetime) -> float:
+    return (end - start).total_seconds() * 1000

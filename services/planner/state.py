@@ -1,0 +1,99 @@
+"""A run's state: everything the planner needs to take the run's next step, and nothing derivable.
+
+Stored as JSON in ``runs.state`` (PostgreSQL) and published as ``RunStateSnapshot`` to the compacted
+``agent.runs`` topic after every transition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from streams.events import Message, RunStateSnapshot
+
+RUNNING = "running"  # a step is pending (model, tool or retrieval)
+COMPLETED = "completed"
+FAILED = "failed"
+TERMINAL = frozenset({COMPLETED, FAILED})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunState:
+    run_id: str
+    status: str
+    task: str
+    tools: tuple[str, ...]
+    max_steps: int
+    deadline: datetime | None
+    model: str | None
+    system_prompt: str | None
+    #: Steps published so far; the pending step (if any) is step ``step_index``.
+    step_index: int
+    pending_step_id: str | None
+    pending_kind: str | None  # "model" | "tool" | "retrieval"
+    #: The step whose result was applied last (the parent of the pending step). A redelivered copy
+    #: of that result makes the planner republish this state's outputs.
+    last_step_id: str | None = None
+    #: The pending step's request payload (tool name and arguments, retrieval query), so the request
+    #: can be republished identically after a crash.
+    pending_request: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[Message, ...] = ()
+    #: The JSON schema of an action for this run (its allowed tools), sent with every model request.
+    response_schema: str | None = None
+    answer: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    parse_failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    version: int = 0
+    submitted_at: datetime
+    updated_at: datetime
+    traceparent: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def evolve(self, **changes: Any) -> RunState:
+        return replace(self, version=self.version + 1, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (timestamps as ISO strings). Written for every transition, so no deep copy."""
+        data = {name: getattr(self, name) for name in _FIELDS}
+        data["tools"] = list(self.tools)
+        data["messages"] = [{"role": m.role, "content": m.content, "name": m.name} for m in self.messages]
+        for key in ("deadline", "submitted_at", "updated_at"):
+            data[key] = data[key].isoformat() if data[key] else None
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: str | dict) -> RunState:
+        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        for key in ("deadline", "submitted_at", "updated_at"):
+            data[key] = datetime.fromisoformat(data[key]) if data.get(key) else None
+        data["tools"] = tuple(data["tools"])
+        data["messages"] = tuple(Message(**m) for m in data["messages"])
+        return cls(**data)
+
+    def snapshot(self, *, service: str) -> RunStateSnapshot:
+        return RunStateSnapshot.build(
+            run_id=self.run_id, step=f"{self.run_id}:snapshot:{self.version}", service=service,
+            created_at=self.updated_at, status=self.status, task=self.task, tools=list(self.tools),
+            max_steps=self.max_steps, deadline=self.deadline, model=self.model,
+            system_prompt=self.system_prompt, step_index=self.step_index,
+            pending_step_id=self.pending_step_id, pending_kind=self.pending_kind,
+            messages=list(self.messages), answer=self.answer, error=self.error, error_code=self.error_code,
+            parse_failures=self.parse_failures, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens, version=self.version,
+            submitted_at=self.submitted_at, updated_at=self.updated_at, traceparent=self.traceparent,
+        )
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(RunState))

@@ -1,0 +1,1 @@
+"""Retrieval service: passages from the documents table for a query."""

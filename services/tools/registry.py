@@ -1,0 +1,164 @@
+"""Tools are async Python functions with type hints; their JSON schema is derived from the hints.
+
+    @tool(description="Add two numbers.")
+    async def add(a: float, b: float) -> float:
+        return a + b
+
+Arguments are validated against the schema before the function runs, so a model's bad call becomes a
+clear error result, never an exception inside the tool. A parameter annotated ``ToolContext`` is not
+part of the schema: the service passes the call's context (run and step ids, the database pool).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from streams.errors import AgentStreamError
+from streams.tool_catalog import ToolInfo
+
+
+class ToolArgumentError(AgentStreamError):
+    """The arguments do not match the tool's schema."""
+
+
+class ToolError(AgentStreamError):
+    """A tool failed; ``retriable`` when trying again may succeed."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    run_id: str
+    step_id: str
+    pool: asyncpg.Pool | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    fn: Callable[..., Awaitable[Any]]
+    parameters: dict[str, Any]
+    timeout_s: float = 10.0
+    requires_approval: bool = False
+    context_param: str | None = None
+    _hints: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def info(self) -> ToolInfo:
+        return ToolInfo(self.name, self.description, self.parameters, self.requires_approval)
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """The arguments, checked against the schema (ints accepted for floats, nothing else coerced)."""
+        if not isinstance(arguments, dict):
+            raise ToolArgumentError(f"{self.name}: arguments must be a JSON object")
+        props: dict[str, Any] = self.parameters["properties"]
+        unknown = sorted(set(arguments) - set(props))
+        if unknown:
+            raise ToolArgumentError(f"{self.name}: unknown argument(s) {', '.join(unknown)}; "
+                                    f"expected {', '.join(props) or 'none'}")
+        missing = [p for p in self.parameters.get("required", []) if p not in arguments]
+        if missing:
+            raise ToolArgumentError(f"{self.name}: missing required argument(s) {', '.join(missing)}")
+        for name, value in arguments.items():
+            problem = _type_problem(value, props[name])
+            if problem:
+                raise ToolArgumentError(f"{self.name}: argument {name!r} {problem}")
+        return arguments
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        kwargs = dict(arguments)
+        if self.context_param:
+            kwargs[self.context_param] = context
+        return await self.fn(**kwargs)
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+
+
+def _schema_for(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        schema = _schema_for(args[0]) if len(args) == 1 else {}
+        return schema
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        return {"type": "array", **({"items": _schema_for(args[0])} if args else {})}
+    if origin is dict or hint is dict:
+        return {"type": "object"}
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    raise TypeError(f"tool parameter type {hint!r} has no JSON schema mapping")
+
+
+def _type_problem(value: Any, schema: dict[str, Any]) -> str | None:
+    if "enum" in schema:
+        return None if value in schema["enum"] else f"must be one of {schema['enum']}"
+    kind = schema.get("type")
+    ok = {
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+        None: True,
+    }[kind]
+    return None if ok else f"must be of type {kind} (got {type(value).__name__})"
+
+
+def tool(fn: Callable[..., Awaitable[Any]] | None = None, *, name: str | None = None,
+         description: str | None = None, timeout_s: float = 10.0, requires_approval: bool = False):
+    """Make an async function a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(...)``)."""
+
+    def wrap(func: Callable[..., Awaitable[Any]]) -> Tool:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(f"tool {func.__name__} must be an async function")
+        hints = typing.get_type_hints(func)
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        context_param = None
+        for pname, param in inspect.signature(func).parameters.items():
+            hint = hints.get(pname, Any)
+            if hint is ToolContext or ToolContext in typing.get_args(hint):
+                context_param = pname
+                continue
+            if hint is Any:
+                raise TypeError(f"tool {func.__name__}: parameter {pname!r} needs a type hint")
+            props[pname] = _schema_for(hint)
+            if param.default is inspect.Parameter.empty:
+                required.append(pname)
+        doc = description or (inspect.getdoc(func) or "").split("\n\n")[0].strip() or func.__name__
+        return Tool(name=name or func.__name__, description=doc, fn=func,
+                    parameters={"type": "object", "properties": props, "required": required},
+                    timeout_s=timeout_s, requires_approval=requires_approval, context_param=context_param)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def load_tools(*modules: str) -> list[Tool]:
+    """Every ``Tool`` defined at the top level of the named modules."""
+    found: dict[str, Tool] = {}
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        for value in vars(module).values():
+            if isinstance(value, Tool):
+                if value.name in found and found[value.name] is not value:
+                    raise ValueError(f"two tools are named {value.name!r}")
+                found[value.name] = value
+    if modules and not found:
+        raise ValueError(f"no tools found in {', '.join(modules)} (decorate async functions with @tool)")
+    return list(found.values())

@@ -1,0 +1,272 @@
+"""AgentClient: submit tasks, wait for their outcome, read their history.
+
+    async with AgentClient() as client:
+        run_id = await client.submit("What is 17 * 23?", tools=["calculator"])
+        result = await client.wait(run_id)
+
+A bad task is refused by ``submit`` with ``TaskRejected`` and nothing is published. ``wait`` reads the
+outcome from ``agent.outcomes``: the client notes each partition's end offset *before* it looks at
+PostgreSQL, so an outcome published after that look is still read from Kafka (no race, no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streams import tracing
+from streams.codec import DecodeError, codec_for
+from streams.config import Settings
+from streams.errors import AgentStreamError
+from streams.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
+from streams.runtime import Runtime
+from streams.tool_catalog import ToolCatalog
+
+log = logging.getLogger(__name__)
+
+MAX_TASK_BYTES = 32 * 1024
+MAX_STEPS_LIMIT = 1000
+MAX_METADATA = 64
+
+
+class TaskRejected(AgentStreamError):
+    """The task was refused before anything was published; the message says why."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    status: str  # completed | failed
+    answer: str | None
+    error_code: str | None
+    error: str | None
+    steps: int
+    duration_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class AgentClient:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.load()
+        self.runtime = Runtime(self.settings, codec_for(self.settings))
+        self.topics = self.runtime.topics
+        self._pool: asyncpg.Pool | None = None
+        self._catalog: ToolCatalog | None = None
+        self._watcher: _OutcomeWatcher | None = None
+
+    async def __aenter__(self) -> AgentClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self.runtime.start()
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            await self._watcher.stop()
+        await self.runtime.stop()
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
+        return self._pool
+
+    # -- submit --------------------------------------------------------------------------------
+    async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int = 8,
+                     deadline: datetime | timedelta | float | None = None, model: str | None = None,
+                     system_prompt: str | None = None, metadata: dict[str, str] | None = None) -> str:
+        """Validate and publish a task; return its run id. Raises ``TaskRejected``.
+
+        ``tools``: the tools the run may call (default: every registered tool). ``deadline``: an absolute
+        time, or a duration (timedelta or seconds) from now.
+        """
+        tools = await self._check(task, tools, max_steps, model, system_prompt, metadata)
+        at = _deadline(deadline)
+        watcher = await self._watch()  # before publishing: the outcome cannot slip past us
+        run_id = new_run_id()
+        watcher.future(run_id)
+        event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
+                                    tools=tools, max_steps=max_steps, deadline=at, model=model,
+                                    system_prompt=system_prompt, metadata=dict(metadata or {}))
+        future = await self.runtime.send(self.topics.tasks, event,
+                                         headers=[(tracing.HEADER, tracing.new_traceparent().encode())])
+        await future
+        return run_id
+
+    async def _check(self, task: Any, tools: Any, max_steps: Any, model: Any, system_prompt: Any,
+                     metadata: Any) -> list[str]:
+        if not isinstance(task, str):
+            raise TaskRejected(f"the task must be a string, not {type(task).__name__}")
+        if not task.strip():
+            raise TaskRejected("the task is empty")
+        if len(task.encode()) > MAX_TASK_BYTES:
+            raise TaskRejected(f"the task is {len(task.encode())} bytes; the limit is {MAX_TASK_BYTES}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+            raise TaskRejected(f"max_steps must be an integer, not {type(max_steps).__name__}")
+        if not 1 <= max_steps <= MAX_STEPS_LIMIT:
+            raise TaskRejected(f"max_steps must be between 1 and {MAX_STEPS_LIMIT} (got {max_steps})")
+        for name, value in (("model", model), ("system_prompt", system_prompt)):
+            if value is not None and not isinstance(value, str):
+                raise TaskRejected(f"{name} must be a string")
+        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > MAX_METADATA or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+            raise TaskRejected(f"metadata must be a dict of at most {MAX_METADATA} string keys and values")
+        catalog = await self._tool_catalog()
+        if tools is None:
+            return sorted(await catalog.all())
+        if isinstance(tools, str) or not isinstance(tools, (list, tuple)) or not all(isinstance(t, str) for t in tools):
+            raise TaskRejected("tools must be a list of tool names")
+        unknown = await catalog.unknown(list(tools))
+        if unknown:
+            known = ", ".join(sorted(await catalog.all())) or "none (is a tool worker running?)"
+            raise TaskRejected(f"unknown tool(s): {', '.join(unknown)}; registered tools: {known}")
+        return list(dict.fromkeys(tools))
+
+    async def _tool_catalog(self) -> ToolCatalog:
+        if self._catalog is None:
+            self._catalog = ToolCatalog(await self.pool())
+        return self._catalog
+
+    # -- wait ----------------------------------------------------------------------------------
+    async def _watch(self) -> _OutcomeWatcher:
+        if self._watcher is None:
+            self._watcher = _OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
+                                            self.settings.partitions, self.runtime)
+            await self._watcher.start()
+        return self._watcher
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """The run's outcome, once it has one. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        watcher = await self._watch()
+        future = watcher.future(run_id)
+        if not future.done():
+            row = await (await self.pool()).fetchrow(
+                """SELECT status, answer, error_code, error, step_count,
+                          extract(epoch FROM (updated_at - submitted_at)) * 1000 AS ms
+                   FROM runs WHERE run_id = $1""", run_id)
+            if row is not None and row["status"] in ("completed", "failed"):
+                return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
+                                 row["step_count"], float(row["ms"]))
+        result = await asyncio.wait_for(asyncio.shield(future), timeout)
+        watcher.forget(run_id)
+        return result
+
+    # -- history -------------------------------------------------------------------------------
+    async def status(self, run_id: str) -> dict[str, Any] | None:
+        """The run's row and its steps, from PostgreSQL (None for an unknown run)."""
+        pool = await self.pool()
+        run = await pool.fetchrow(
+            """SELECT run_id, status, task, step_count, answer, error_code, error, submitted_at, updated_at,
+                      finished_at FROM runs WHERE run_id = $1""", run_id)
+        if run is None:
+            return None
+        steps = await pool.fetch(
+            """SELECT step_index, kind, status, request::text AS request, result::text AS result, error,
+                      requested_at, completed_at FROM steps WHERE run_id = $1 ORDER BY step_index""", run_id)
+        out = dict(run)
+        out["steps"] = [{**dict(s), "request": json.loads(s["request"]),
+                         "result": json.loads(s["result"]) if s["result"] else None} for s in steps]
+        return out
+
+    async def events(self, run_id: str) -> list[dict[str, Any]]:
+        """Every recorded event of the run, in the order they were produced."""
+        rows = await (await self.pool()).fetch(
+            """SELECT event_id::text, step_id, event_type, topic, partition, "offset", produced_at, appended_at,
+                      consumed_at, consumed_by, producer, payload::text AS payload
+               FROM events WHERE run_id = $1 ORDER BY produced_at, recorded_at""", run_id)
+        return [{**dict(r), "payload": json.loads(r["payload"])} for r in rows]
+
+
+class _OutcomeWatcher:
+    """One consumer over all partitions of ``agent.outcomes``, from their end offsets at start."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, runtime: Runtime) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.runtime = runtime
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                         isolation_level="read_committed", fetch_max_wait_ms=100)
+        self._futures: dict[str, asyncio.Future[RunResult]] = {}
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+        self.consumer.assign(tps)
+        ends = await self.consumer.end_offsets(tps)
+        for tp in tps:
+            self.consumer.seek(tp, ends[tp])
+        self._task = asyncio.create_task(self._loop())
+
+    def future(self, run_id: str) -> asyncio.Future[RunResult]:
+        if run_id not in self._futures:
+            self._futures[run_id] = asyncio.get_running_loop().create_future()
+        return self._futures[run_id]
+
+    def forget(self, run_id: str) -> None:
+        self._futures.pop(run_id, None)
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=500)
+            for messages in batch.values():
+                for msg in messages:
+                    try:
+                        event = self.runtime.codec.decode(msg.value)
+                    except DecodeError:
+                        continue
+                    if isinstance(event, RunCompleted):
+                        result = RunResult(event.run_id, "completed", event.answer, None, None, event.steps,
+                                           event.duration_ms)
+                    elif isinstance(event, RunFailed):
+                        result = RunResult(event.run_id, "failed", None, event.error_code, event.error,
+                                           event.steps, event.duration_ms)
+                    else:
+                        continue
+                    future = self._futures.get(event.run_id)
+                    if future is None:
+                        continue  # not ours to wait for
+                    if not future.done():
+                        future.set_result(result)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.consumer.stop()
+
+
+def _deadline(deadline: datetime | timedelta | float | None) -> datetime | None:
+    if deadline is None:
+        return None
+    now = datetime.now(UTC)
+    if isinstance(deadline, bool):
+        raise TaskRejected("deadline must be a datetime, a timedelta or seconds")
+    if isinstance(deadline, (int, float)):
+        deadline = timedelta(seconds=deadline)
+    if isinstance(deadline, timedelta):
+        deadline = now + deadline
+    if not isinstance(deadline, datetime):
+        raise TaskRejected("deadline must be a datetime, a timedelta or seconds")
+    if deadline.tzinfo is None:
+        raise TaskRejected("deadline must be timezone-aware")
+    if deadline <= now:
+        raise TaskRejected("the deadline has already passed")
+    return deadline

@@ -1,0 +1,312 @@
+"""Event types, mirroring ``schemas/*.avsc`` field for field (a contract test keeps them in step).
+
+Every event shares the envelope fields of ``Event``. Ids are deterministic so that a transition
+replayed after a crash republishes the same events, and consumers can drop the copies:
+
+- ``step_id(run_id, index, kind)`` → ``"{run_id}:{index}:{kind}"``;
+- ``event_id`` → a UUIDv5 of the step id, the event type and the attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+import typing
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+_EVENT_NS = uuid.UUID("6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11")
+
+
+def step_id(run_id: str, index: int, kind: str) -> str:
+    """The id of step ``index`` of ``run_id``; the same inputs always give the same id."""
+    return f"{run_id}:{index}:{kind}"
+
+
+def event_id_for(step: str, event_type: str, attempt: int = 0) -> str:
+    return str(uuid.uuid5(_EVENT_NS, f"{step}|{event_type}|{attempt}"))
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@functools.cache
+def default_instance() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Producer:
+    service: str
+    instance: str = field(default_factory=default_instance)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    role: str
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Passage:
+    id: str
+    text: str
+    score: float
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """The envelope every event carries. ``schema_name`` is the Avro record's full name."""
+
+    schema_name: ClassVar[str] = ""
+
+    event_id: str
+    run_id: str
+    step_id: str
+    parent_step_id: str | None = None
+    attempt: int = 0
+    created_at: datetime
+    producer: Producer
+
+    @classmethod
+    def build(cls, *, run_id: str, step: str, service: str, attempt: int = 0,
+              parent_step_id: str | None = None, created_at: datetime | None = None, part: str = "",
+              **payload: Any):
+        """An event of this type with its deterministic ``event_id`` filled in. ``part`` tells apart
+        several events of one type for one step (the token chunks of a generation)."""
+        return cls(
+            event_id=event_id_for(f"{step}#{part}" if part else step, cls.__name__, attempt),
+            run_id=run_id, step_id=step,
+            parent_step_id=parent_step_id, attempt=attempt, created_at=created_at or utcnow(),
+            producer=Producer(service=service), **payload,
+        )
+
+    def problem(self) -> str | None:
+        """What makes this event unusable, or None. Services check their own payload rules."""
+        if not self.run_id:
+            return "run_id is empty"
+        if not self.step_id:
+            return "step_id is empty"
+        if self.attempt < 0:
+            return "attempt is negative"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Avro datum (nested records as dicts)."""
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return _from_dict(cls, data)
+
+
+_NS = "io.agentstream.events."
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSubmitted(Event):
+    schema_name: ClassVar[str] = _NS + "TaskSubmitted"
+    task: str
+    tools: list[str] = field(default_factory=list)
+    max_steps: int
+    deadline: datetime | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceRequested(Event):
+    schema_name: ClassVar[str] = _NS + "InferenceRequested"
+    messages: list[Message]
+    model: str | None = None
+    response_schema: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "InferenceCompleted"
+    text: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    ttft_ms: float = 0.0
+    duration_ms: float = 0.0
+    model: str = ""
+    backend: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenChunk(Event):
+    schema_name: ClassVar[str] = _NS + "TokenChunk"
+    seq: int
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalRequested(Event):
+    schema_name: ClassVar[str] = _NS + "RetrievalRequested"
+    query: str
+    k: int = 5
+    collection: str = "default"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "RetrievalCompleted"
+    passages: list[Passage] = field(default_factory=list)
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallRequested(Event):
+    schema_name: ClassVar[str] = _NS + "ToolCallRequested"
+    tool: str
+    arguments: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "ToolCallCompleted"
+    tool: str
+    ok: bool
+    result: str | None = None
+    error: str | None = None
+    duration_ms: float = 0.0
+    replayed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStateSnapshot(Event):
+    schema_name: ClassVar[str] = _NS + "RunStateSnapshot"
+    status: str
+    task: str
+    tools: list[str] = field(default_factory=list)
+    max_steps: int
+    deadline: datetime | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    step_index: int
+    pending_step_id: str | None = None
+    pending_kind: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    answer: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    parse_failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    version: int
+    submitted_at: datetime
+    updated_at: datetime
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "RunCompleted"
+    answer: str
+    steps: int
+    duration_ms: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFailed(Event):
+    schema_name: ClassVar[str] = _NS + "RunFailed"
+    error_code: str
+    error: str
+    steps: int
+    duration_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetter(Event):
+    schema_name: ClassVar[str] = _NS + "DeadLetter"
+    consumer: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    error_kind: str
+    reason: str
+
+    def problem(self) -> str | None:
+        """A dead letter may not know its run (the record it carries may not have decoded)."""
+        return None if self.step_id else "step_id is empty"
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.schema_name: cls
+    for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
+                RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCompleted,
+                RunFailed, DeadLetter)
+}
+
+_RECORDS = (Producer, Message, Passage)
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    """Field values by name, nested records as dicts (type information is precomputed per class:
+    this runs for every event published)."""
+    cls = type(obj)
+    data = {name: getattr(obj, name) for name in _names(cls)}
+    for name, (shape, _record) in _nested(cls).items():
+        value = data[name]
+        if value is not None:
+            data[name] = _to_dict(value) if shape == "one" else [_to_dict(v) for v in value]
+    return data
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    return tuple(dataclasses.fields(cls))
+
+
+@functools.cache
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in _fields(cls))
+
+
+@functools.cache
+def _nested(cls: type) -> dict[str, tuple[str, type]]:
+    """Fields holding nested records: name -> ("one" | "list", record class)."""
+    hints = typing.get_type_hints(cls)
+    nested: dict[str, tuple[str, type]] = {}
+    for f in _fields(cls):
+        hint = hints[f.name]
+        if hint in _RECORDS:
+            nested[f.name] = ("one", hint)
+        elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in _RECORDS:
+            nested[f.name] = ("list", typing.get_args(hint)[0])
+    return nested
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    known = {f.name for f in _fields(cls)}
+    values = {k: v for k, v in data.items() if k in known}
+    for name, (shape, record) in _nested(cls).items():
+        if name in values and values[name] is not None:
+            raw = values[name]
+            values[name] = _from_dict(record, raw) if shape == "one" else [_from_dict(record, r) for r in raw]
+    return cls(**values)

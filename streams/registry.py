@@ -1,0 +1,156 @@
+"""Schema ids for the Confluent wire format: a local registry built from ``schemas/``, or an HTTP one.
+
+The local registry needs no server and no coordination: a schema's id is a 31-bit hash of its Parsing
+Canonical Form, so every process derives the same ids from the same files, and a changed schema gets a
+new id. Files under ``schemas/history/`` are older versions kept so that old data still decodes.
+
+The HTTP registry speaks the Confluent Schema Registry API (``POST /subjects/{subject}/versions``,
+``GET /schemas/ids/{id}``) with the record-name subject strategy, since one topic can carry several
+event types (``agent.outcomes``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Protocol
+
+import fastavro
+from fastavro.schema import to_parsing_canonical_form
+
+from streams.config import REPO_ROOT
+from streams.errors import AgentStreamError
+
+Parsed = Any  # fastavro's parsed schema (a dict with its own annotations)
+
+
+class UnknownSchema(AgentStreamError):
+    """No schema is known for an id, or for a record name."""
+
+
+class SchemaRegistry(Protocol):
+    def id_for(self, name: str) -> int:
+        """The id of the current schema of the record ``name`` (writers use it)."""
+
+    def writer_schema(self, schema_id: int) -> Parsed:
+        """The schema data with id ``schema_id`` was written with."""
+
+    def reader_schema(self, name: str) -> Parsed:
+        """The current schema of record ``name`` (readers resolve to it)."""
+
+
+def schema_id(schema: dict) -> int:
+    canonical = to_parsing_canonical_form(fastavro.parse_schema(schema))
+    return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def _full_name(schema: dict) -> str:
+    name = schema["name"]
+    return name if "." in name or not schema.get("namespace") else f"{schema['namespace']}.{name}"
+
+
+class LocalRegistry:
+    """Schemas from a directory: ``*.avsc`` are current, ``history/*.avsc`` are older versions."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory or REPO_ROOT / "schemas"
+        self._by_id: dict[int, Parsed] = {}
+        self._current: dict[str, tuple[int, Parsed]] = {}
+        self._raw: dict[str, dict] = {}
+        for path in sorted(self.directory.glob("*.avsc")):
+            self._add(json.loads(path.read_text()), current=True, origin=path)
+        for path in sorted((self.directory / "history").glob("*.avsc")):
+            self._add(json.loads(path.read_text()), current=False, origin=path)
+        if not self._current:
+            raise UnknownSchema(f"no *.avsc schemas in {self.directory}")
+
+    def _add(self, raw: dict, *, current: bool, origin: Path) -> None:
+        sid = schema_id(raw)
+        parsed = fastavro.parse_schema(raw)
+        existing = self._by_id.get(sid)
+        if existing is not None and to_parsing_canonical_form(existing) != to_parsing_canonical_form(parsed):
+            raise UnknownSchema(f"schema id collision for {origin.name}: rename or change the schema")
+        self._by_id[sid] = parsed
+        if current:
+            self._current[_full_name(raw)] = (sid, parsed)
+            self._raw[_full_name(raw)] = raw
+
+    def id_for(self, name: str) -> int:
+        try:
+            return self._current[name][0]
+        except KeyError:
+            raise UnknownSchema(f"no current schema for {name}") from None
+
+    def writer_schema(self, schema_id: int) -> Parsed:
+        try:
+            return self._by_id[schema_id]
+        except KeyError:
+            raise UnknownSchema(f"unknown schema id {schema_id}") from None
+
+    def reader_schema(self, name: str) -> Parsed:
+        try:
+            return self._current[name][1]
+        except KeyError:
+            raise UnknownSchema(f"no current schema for {name}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._current)
+
+    def raw_current(self) -> dict[str, dict]:
+        """The current schemas as written in their files (what an HTTP registry is given)."""
+        return dict(self._raw)
+
+
+class HttpRegistry:
+    """A Confluent-compatible registry: our current schemas are registered (idempotent) at start-up;
+    ids seen in data but not yet known are fetched once and cached."""
+
+    def __init__(self, url: str, local: LocalRegistry | None = None, *, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.local = local or LocalRegistry()
+        self._lock = threading.Lock()
+        self._ids: dict[str, int] = {}
+        self._by_id: dict[int, Parsed] = {}
+        for name, raw in self.local.raw_current().items():
+            sid = int(self._request("POST", f"/subjects/{name}/versions", {"schema": json.dumps(raw)})["id"])
+            self._ids[name] = sid
+            self._by_id[sid] = self.local.reader_schema(name)
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                raise UnknownSchema(f"schema registry {self.url}{path}: not found") from exc
+            raise AgentStreamError(f"schema registry {self.url}{path}: HTTP {exc.code}") from exc
+        except OSError as exc:
+            raise AgentStreamError(f"schema registry {self.url} unreachable: {exc}") from exc
+
+    def id_for(self, name: str) -> int:
+        try:
+            return self._ids[name]
+        except KeyError:
+            raise UnknownSchema(f"no current schema for {name}") from None
+
+    def writer_schema(self, schema_id: int) -> Parsed:
+        cached = self._by_id.get(schema_id)
+        if cached is not None:
+            return cached
+        with self._lock:
+            raw = json.loads(self._request("GET", f"/schemas/ids/{schema_id}")["schema"])
+            parsed = fastavro.parse_schema(raw)
+            self._by_id[schema_id] = parsed
+            return parsed
+
+    def reader_schema(self, name: str) -> Parsed:
+        return self.local.reader_schema(name)
+

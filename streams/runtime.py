@@ -1,0 +1,446 @@
+"""The consumer runtime every service runs on: decode → de-duplicate → handle → publish → commit.
+
+Guarantees (see docs/architecture.md):
+
+- at-least-once: a record counts as done only after its handler returned, everything it emitted was
+  acknowledged by the broker (``acks=all``, idempotent producer) and its database writes committed
+  (handlers commit before returning); offsets are committed only up to the highest *contiguous* done
+  record of each partition;
+- records with the same key (a run) are handled one after another, others in parallel, at most
+  ``concurrency`` at a time; past ``max_in_flight`` records the runtime pauses fetching;
+- a record that cannot be decoded or is invalid, or whose handler fails for good, goes to the
+  dead-letter topic with the reason, and the service carries on;
+- on shutdown or revocation, in-flight records get ``shutdown_grace_s`` to finish; the rest are
+  cancelled uncommitted (the next owner redoes them), done offsets are committed, the group is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from streams import tracing
+from streams.codec import Codec, DecodeError
+from streams.config import Settings
+from streams.events import DeadLetter, Event
+from streams.offsets import OffsetTracker
+from streams.topics import Topics
+
+log = logging.getLogger(__name__)
+
+TYPE_HEADER = "agentstream-type"
+#: Set on every event emitted while handling a record: "topic:partition:offset:appended_ms:consumed_us"
+#: of that record (appended: the Kafka record timestamp), so the planner can record where and when the
+#: request it answers was sent and consumed.
+SOURCE_HEADER = "agentstream-source"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """How one service consumes. Defaults suit a service whose handler does I/O per record."""
+
+    name: str
+    topics: Sequence[str]
+    group_id: str
+    concurrency: int = 32
+    max_in_flight: int = 2000
+    max_poll_records: int = 500
+    commit_interval_s: float = 0.05
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    shutdown_grace_s: float = 10.0
+    dedup_capacity: int = 100_000
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Errors that say so, broker hiccups, and lost database connections are worth another try."""
+    if getattr(exc, "retriable", False):
+        return True
+    return isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, ConnectionError,
+                            asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError,
+                            TimeoutError))
+
+
+class Runtime:
+    """What the services of one process share: settings, topics, the codec and one producer."""
+
+    def __init__(self, settings: Settings, codec: Codec, *, linger_ms: int = 0) -> None:
+        self.settings = settings
+        self.codec = codec
+        self.topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
+            linger_ms=linger_ms, request_timeout_ms=30_000,
+        )
+        self._started = False
+
+    async def start(self) -> None:
+        if not self._started:
+            await self.producer.start()
+            self._started = True
+
+    async def stop(self) -> None:
+        if self._started:
+            await self.producer.stop()  # flushes what is pending
+            self._started = False
+
+    async def send(self, topic: str, event: Event, *, key: str | None = None,
+                   headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future:
+        """Queue ``event`` for ``topic`` (keyed by its run unless ``key`` says otherwise); the returned
+        future resolves when the broker has acknowledged it."""
+        hdrs = [(TYPE_HEADER, type(event).__name__.encode()), *headers]
+        return await self.producer.send(topic, self.codec.encode(event),
+                                        key=(key if key is not None else event.run_id).encode(), headers=hdrs)
+
+
+@dataclass
+class Record:
+    """Where a consumed event came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp_ms: int
+    headers: dict[str, bytes]
+    consumed_at: datetime
+
+    @property
+    def source(self) -> str:
+        return (f"{self.topic}:{self.partition}:{self.offset}:{self.timestamp_ms}:"
+                f"{int(self.consumed_at.timestamp() * 1e6)}")
+
+    @property
+    def appended_at(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC)
+
+
+class Context:
+    """Handed to a handler with each event: emit outputs, read where the event came from."""
+
+    def __init__(self, runtime: Runtime, service: str, record: Record) -> None:
+        self.runtime = runtime
+        self.service = service
+        self.record = record
+        self.traceparent = (record.headers.get(tracing.HEADER) or b"").decode() or None
+        self._pending: list[asyncio.Future] = []
+
+    @property
+    def topics(self) -> Topics:
+        return self.runtime.topics
+
+    async def emit(self, topic: str, event: Event, *, key: str | None = None,
+                   traceparent: str | None = None) -> None:
+        """Publish ``event`` now; the record is not done until the broker acknowledged it."""
+        headers = [(tracing.HEADER, (traceparent or tracing.child_of(self.traceparent)).encode()),
+                   (SOURCE_HEADER, self.record.source.encode())]
+        self._pending.append(await self.runtime.send(topic, event, key=key, headers=headers))
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.gather(*pending)
+
+
+Handler = Callable[[Event, Context], Awaitable[None]]
+
+
+class _Dedup:
+    """Event ids this instance finished recently (a redelivery after a rebalance is dropped)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._seen
+
+    def add(self, event_id: str) -> None:
+        self._seen[event_id] = None
+        if len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, runner: ServiceRunner) -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.runner._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.runner._on_assigned(set(assigned))
+
+
+class ServiceRunner:
+    """Runs one service's handler over its topics until ``stop()``."""
+
+    def __init__(self, runtime: Runtime, config: ServiceConfig, handler: Handler, *,
+                 on_assigned: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
+                 on_revoked: Callable[[set[TopicPartition]], Awaitable[None]] | None = None) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.handler = handler
+        self._on_assigned_cb = on_assigned
+        self._on_revoked_cb = on_revoked
+        self.tracker = OffsetTracker()
+        self.dedup = _Dedup(config.dedup_capacity)
+        self._sem = asyncio.Semaphore(config.concurrency)
+        self._tails: dict[bytes, asyncio.Task] = {}
+        self._tasks: dict[TopicPartition, set[asyncio.Task]] = {}
+        self._stopping = asyncio.Event()
+        self._joined = asyncio.Event()
+        self.consumer: AIOKafkaConsumer | None = None
+        self.stats = {"processed": 0, "dead_lettered": 0, "duplicates": 0, "retries": 0}
+        self._failure: BaseException | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Join the group, process until ``stop()``, then shut down gracefully."""
+        cfg = self.config
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.runtime.settings.kafka_bootstrap, group_id=cfg.group_id,
+            enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
+            max_poll_records=cfg.max_poll_records, session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=cfg.heartbeat_interval_ms, fetch_max_wait_ms=100,
+            client_id=f"agentstream-{cfg.name}",
+        )
+        await self.consumer.start()
+        self.consumer.subscribe(list(cfg.topics), listener=_Listener(self))
+        committer = asyncio.create_task(self._commit_loop(), name=f"{cfg.name}-commit")
+        try:
+            await self._fetch_loop()
+        finally:
+            await self._drain(set(self._tasks), cfg.shutdown_grace_s)
+            committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await committer
+            await self._commit()
+            await self.consumer.stop()  # leaves the group
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def wait_joined(self, timeout: float = 60.0) -> None:
+        """Until partitions were assigned to this member (tests and benchmarks wait for it)."""
+        await asyncio.wait_for(self._joined.wait(), timeout)
+
+    # -- fetching ------------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        assert self.consumer is not None
+        low_water = self.config.max_in_flight // 2
+        paused = False
+        while not self._stopping.is_set():
+            if not paused and self.tracker.in_flight >= self.config.max_in_flight:
+                self.consumer.pause(*self.consumer.assignment())
+                paused = True
+            elif paused and self.tracker.in_flight <= low_water:
+                self.consumer.resume(*self.consumer.paused())
+                paused = False
+            # Keep polling while paused: the call keeps the member alive (max.poll.interval).
+            batch = await self.consumer.getmany(timeout_ms=100, max_records=self.config.max_poll_records)
+            now = datetime.now(UTC)
+            for tp, messages in batch.items():
+                for msg in messages:
+                    self.tracker.started(tp, msg.offset)
+                    record = Record(topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
+                                    timestamp_ms=msg.timestamp, headers=dict(msg.headers or ()),
+                                    consumed_at=now)
+                    self._schedule(tp, record, msg.value)
+
+    def _schedule(self, tp: TopicPartition, record: Record, value: bytes | None) -> None:
+        key = record.key if record.key is not None else f"{tp}:{record.offset}".encode()
+        previous = self._tails.get(key)
+        task = asyncio.create_task(self._process(previous, tp, record, value))
+        self._tails[key] = task
+        self._tasks.setdefault(tp, set()).add(task)
+
+        def _cleanup(t: asyncio.Task, key: bytes = key, tp: TopicPartition = tp) -> None:
+            if self._tails.get(key) is t:
+                del self._tails[key]
+            self._tasks.get(tp, set()).discard(t)
+
+        task.add_done_callback(_cleanup)
+
+    def run_keyed(self, key: bytes, job: Callable[[], Awaitable[None]]) -> asyncio.Task:
+        """Run ``job`` in ``key``'s queue, after that key's in-flight records, within the concurrency
+        limit, but outside any record (no offset, no retries: failures are logged). The planner's
+        deadline timer uses it so a timeout never races the run's own events."""
+        previous = self._tails.get(key)
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            async with self._sem:
+                try:
+                    await job()
+                except Exception:
+                    log.exception("%s: keyed job for %r failed", self.config.name, key)
+
+        task = asyncio.create_task(run())
+        self._tails[key] = task
+        task.add_done_callback(lambda t: self._tails.get(key) is t and self._tails.pop(key, None))
+        return task
+
+    # -- one record ----------------------------------------------------------------------------
+    async def _process(self, previous: asyncio.Task | None, tp: TopicPartition, record: Record,
+                       value: bytes | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])  # same key: in order; its failure is not ours
+        try:
+            async with self._sem:
+                await self._handle(record, value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Neither handled nor dead-lettered (the DLQ itself is unreachable, or a bug): stop the
+            # service rather than commit past the record; the next start redelivers it.
+            log.exception("%s: %s[%d]@%d could not be processed or dead-lettered; stopping",
+                          self.config.name, record.topic, record.partition, record.offset)
+            self._failure = self._failure or exc
+            self._stopping.set()
+            return
+        self.tracker.done(tp, record.offset)
+
+    async def _handle(self, record: Record, value: bytes | None) -> None:
+        try:
+            event = self.runtime.codec.decode(value)
+        except DecodeError as exc:
+            log.warning("%s: %s[%d]@%d dead-lettered: %s", self.config.name, record.topic, record.partition,
+                        record.offset, exc)
+            await self._dead_letter(record, value, exc.kind, exc.reason)
+            return
+        if event.event_id in self.dedup:
+            self.stats["duplicates"] += 1
+            return
+        policy = self.config.retry
+        attempt = 1
+        while True:
+            ctx = Context(self.runtime, self.config.name, record)
+            try:
+                await self.handler(event, ctx)
+                await ctx.flush()
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                retriable = is_retriable(exc) or isinstance(exc, KafkaError)
+                if retriable and attempt < policy.max_attempts:
+                    self.stats["retries"] += 1
+                    log.info("%s: retrying %s (attempt %d): %s", self.config.name, event.step_id, attempt, exc)
+                    await asyncio.sleep(policy.delay(attempt))
+                    attempt += 1
+                    continue
+                kind = "retries_exhausted" if retriable else "handler_error"
+                log.exception("%s: %s on %s", self.config.name, kind, event.step_id)
+                await self._dead_letter(record, value, kind, f"{type(exc).__name__}: {exc}", run_id=event.run_id)
+                break
+        self.dedup.add(event.event_id)
+        self.stats["processed"] += 1
+
+    async def _dead_letter(self, record: Record, value: bytes | None, kind: str, reason: str,
+                           run_id: str | None = None) -> None:
+        if run_id is None:
+            run_id = record.key.decode(errors="replace") if record.key else ""
+        letter = DeadLetter.build(
+            run_id=run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}",
+            service=self.config.name, consumer=self.config.name, source_topic=record.topic, source_partition=record.partition,
+            source_offset=record.offset, key=record.key, value=value, headers=record.headers,
+            error_kind=kind, reason=reason[:4000],
+        )
+        for attempt in range(1, 6):
+            try:
+                await (await self.runtime.send(self.runtime.topics.dlq, letter, key=run_id))
+                break
+            except KafkaError as exc:
+                if attempt == 5:
+                    raise
+                log.warning("%s: dead-letter publish failed (%s); retrying", self.config.name, exc)
+                await asyncio.sleep(self.config.retry.delay(attempt))
+        self.stats["dead_lettered"] += 1
+
+    # -- commits and rebalances ----------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval_s)
+            await self._commit()
+
+    async def _commit(self, tps: set[TopicPartition] | None = None) -> None:
+        assert self.consumer is not None
+        assigned = self.consumer.assignment()
+        offsets = self.tracker.committable(assigned if tps is None else tps & assigned)
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # The group is rebalancing: the next owner starts from the last committed offsets and
+            # drops what it has seen (deterministic ids), so this loses nothing.
+            log.warning("%s: commit failed (%s); records since the last commit will be redelivered",
+                        self.config.name, exc)
+
+    async def _drain(self, tps: set[TopicPartition], grace: float) -> None:
+        tasks = {t for tp in tps for t in self._tasks.get(tp, ())}
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("%s: %d in-flight records abandoned uncommitted (redelivered to the next owner)",
+                        self.config.name, len(pending))
+            await asyncio.wait(pending)
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._drain(revoked, self.config.shutdown_grace_s)
+        await self._commit(revoked)
+        self.tracker.forget(revoked)
+        if self._on_revoked_cb is not None:
+            await self._on_revoked_cb(revoked)
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self._on_assigned_cb is not None:
+            await self._on_assigned_cb(assigned)
+        self._joined.set()
+
+
+async def run_services(runners: Sequence[ServiceRunner], stop: asyncio.Event) -> None:
+    """Run several services until ``stop`` is set, then stop them all gracefully."""
+    tasks = [asyncio.create_task(r.run(), name=r.config.name) for r in runners]
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    for runner in runners:
+        runner.stop()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    stopper.cancel()
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
+
+
+__all__ = ["Context", "Handler", "Record", "RetryPolicy", "Runtime", "ServiceConfig", "ServiceRunner",
+           "is_retriable", "run_services"]

@@ -1,0 +1,21 @@
+"""Tools the pipeline tests serve: one with a countable side effect, one that takes its time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.tools.registry import ToolContext, tool
+
+
+@tool(description="Record a side effect (a row in test_effects) and say so.")
+async def effect(label: str, ctx: ToolContext) -> str:
+    assert ctx.pool is not None
+    await ctx.pool.execute("INSERT INTO test_effects (run_id, step_id, label) VALUES ($1, $2, $3)",
+                           ctx.run_id, ctx.step_id, label)
+    return f"recorded {label}"
+
+
+@tool(description="Wait for a number of seconds.", timeout_s=30)
+async def sleep(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return f"slept {seconds} s"

@@ -1,0 +1,209 @@
+"""The four services end to end on the real broker and database: a task in, every step an event,
+an answer out (scripted model, real tool and retrieval services, real planner)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from services.planner.service import partition_for
+from services.worker import WorkerOptions
+from streams.client import TaskRejected
+from streams.codec import codec_for
+from streams.events import DeadLetter, RunStateSnapshot, TaskSubmitted
+from streams.testing import Pipeline, isolated
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pipe(settings, effects_table):
+    prefix = f"t{uuid.uuid4().hex[:8]}."
+    options = WorkerOptions(backend="scripted", tool_modules=TOOLS)
+    async with Pipeline.start(isolated(settings, prefix), options) as pipeline:
+        yield pipeline
+
+
+async def test_three_step_run_is_recorded_in_order(pipe):
+    run_id = await pipe.client.submit("What is 17 * 23?", tools=["calculator"], max_steps=5)
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok, result
+    assert "391" in (result.answer or "") and result.steps == 3
+
+    status = await pipe.client.status(run_id)
+    assert [(s["step_index"], s["kind"], s["status"]) for s in status["steps"]] == [
+        (0, "model", "completed"), (1, "tool", "completed"), (2, "model", "completed")]
+    assert status["steps"][1]["request"] == {"tool": "calculator", "arguments": {"expression": "17 * 23"}}
+
+    events = await pipe.client.events(run_id)
+    assert [e["event_type"] for e in events] == [
+        "TaskSubmitted", "InferenceRequested", "InferenceCompleted", "ToolCallRequested", "ToolCallCompleted",
+        "InferenceRequested", "InferenceCompleted", "RunCompleted"]
+    assert len({e["event_id"] for e in events}) == len(events)
+    for e in events[:-1]:  # every hop was consumed, and we know where from
+        assert e["partition"] is not None and e["offset"] is not None and e["consumed_at"] is not None, e
+        assert e["consumed_at"] >= e["produced_at"]
+    assert {e["consumed_by"] for e in events[:-1]} == {"planner", "inference", "tools"}
+
+    snapshot = await _latest_snapshot(pipe, run_id)
+    assert snapshot.status == "completed" and snapshot.answer == result.answer and snapshot.step_index == 3
+
+
+async def test_fifty_concurrent_runs_complete(pipe):
+    tasks = [f"What is {i} + {i * 2}?" for i in range(50)]
+    run_ids = await asyncio.gather(*(pipe.client.submit(t, tools=["calculator"]) for t in tasks))
+    results = await asyncio.gather(*(pipe.client.wait(r, timeout=60) for r in run_ids))
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+    for i, result in enumerate(results):
+        assert str(i + i * 2) in (result.answer or ""), result
+
+
+async def test_a_slow_tool_does_not_delay_other_runs(pipe):
+    slow = await pipe.client.submit('Wait [[tool:sleep {"seconds": 2}]] then [[answer:done]]', tools=["sleep"])
+    t0 = time.monotonic()
+    fast = await asyncio.gather(*(pipe.client.submit(f"What is {i} * 3?", tools=["calculator"]) for i in range(10)))
+    fast_results = await asyncio.gather(*(pipe.client.wait(r, timeout=30) for r in fast))
+    fast_done = time.monotonic() - t0
+    slow_result = await pipe.client.wait(slow, timeout=30)
+    assert slow_result.ok and slow_result.duration_ms >= 2000
+    assert all(r.ok for r in fast_results)
+    # The ten fast runs finished while the slow tool was still sleeping, each in well under its 2 s.
+    assert fast_done < 1.5, f"fast runs took {fast_done:.2f} s"
+    assert max(r.duration_ms for r in fast_results) < 1500
+
+
+async def test_deadline_and_max_steps_are_enforced(pipe):
+    late = await pipe.client.submit("[[slow:3000]] What is 1 + 1?", tools=["calculator"], deadline=1.0)
+    t0 = time.monotonic()
+    result = await pipe.client.wait(late, timeout=30)
+    assert result.status == "failed" and result.error_code == "deadline_exceeded", result
+    assert time.monotonic() - t0 < 2.5
+
+    loop = ' '.join(['[[tool:calculator {"expression": "1 + 1"}]]'] * 5)
+    capped = await pipe.client.submit(loop, tools=["calculator"], max_steps=3)
+    result = await pipe.client.wait(capped, timeout=30)
+    assert result.status == "failed" and result.error_code == "max_steps" and result.steps == 3, result
+
+
+async def test_unparseable_and_disallowed_replies_are_handled(pipe):
+    once = await pipe.client.submit("[[garbage]] [[answer:fine after all]]", tools=[])
+    result = await pipe.client.wait(once, timeout=30)
+    assert result.ok and result.answer == "fine after all"
+
+    always = await pipe.client.submit("[[garbage]] [[garbage]] [[garbage]] [[answer:never]]", tools=[])
+    result = await pipe.client.wait(always, timeout=30)
+    assert result.status == "failed" and result.error_code == "unparseable_model_output", result
+
+    sneaky = await pipe.client.submit('[[tool:effect {"label": "forbidden"}]] [[answer:ok]]', tools=["calculator"])
+    result = await pipe.client.wait(sneaky, timeout=30)
+    assert result.ok
+    conn_rows = await (await pipe.client.pool()).fetchval(
+        "SELECT count(*) FROM test_effects WHERE run_id = $1", sneaky)
+    assert conn_rows == 0  # the tool outside the allowlist never ran
+    status = await pipe.client.status(sneaky)
+    assert [s["kind"] for s in status["steps"]] == ["model", "model"]
+
+
+async def test_poison_messages_go_to_the_dlq_and_processing_continues(pipe):
+    topics = pipe.worker.runtime.topics
+    codec = codec_for(pipe.settings)
+    valid_but_invalid = codec.encode(TaskSubmitted.build(run_id="", step="x", service="test", task="t", max_steps=1))
+    truncated = codec.encode(TaskSubmitted.build(run_id="r", step="r:task", service="test", task="t" * 50,
+                                                 max_steps=1))[:12]  # a known schema id, cut-off Avro
+    poison = [
+        (topics.tasks, b"not avro at all"),
+        (topics.tasks, b"\x00\x7f\xff\xff\xfe" + b"\x02ab"),  # an id no registry knows
+        (topics.tasks, valid_but_invalid),  # decodes, but has no run id
+        (topics.inference_requests, truncated),
+    ]
+    dlq_tp = TopicPartition(topics.dlq, 0)
+    start = await _end_offset(pipe, dlq_tp)
+    producer = AIOKafkaProducer(bootstrap_servers=pipe.settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        for topic, value in poison:
+            await producer.send_and_wait(topic, value, key=b"poison")
+    finally:
+        await producer.stop()
+
+    run_id = await pipe.client.submit("What is 6 * 7?", tools=["calculator"])
+    assert (await pipe.client.wait(run_id, timeout=30)).ok  # the services kept going
+
+    letters = await _read(pipe, dlq_tp, start, expect=len(poison))
+    assert all(isinstance(letter, DeadLetter) for letter in letters)
+    kinds = sorted((letter.consumer, letter.error_kind) for letter in letters)
+    assert kinds == sorted([("planner", "undecodable"), ("planner", "unknown_schema"),
+                            ("planner", "invalid"), ("inference", "undecodable")])
+    for letter in letters:
+        assert letter.reason and letter.value and letter.source_topic in (topics.tasks, topics.inference_requests)
+
+
+async def test_bad_tasks_are_refused_before_publishing(pipe):
+    tasks_tps = [TopicPartition(pipe.worker.runtime.topics.tasks, p) for p in range(pipe.settings.partitions)]
+    before = await _end_offsets(pipe, tasks_tps)
+    bad = [
+        dict(task=""), dict(task="   "), dict(task="x" * 40_000), dict(task=42),
+        dict(task="ok", tools=["no_such_tool"]), dict(task="ok", tools="calculator"),
+        dict(task="ok", max_steps="3"), dict(task="ok", max_steps=True), dict(task="ok", max_steps=0),
+        dict(task="ok", deadline=-5), dict(task="ok", metadata={"a": 1}),
+    ]
+    for kwargs in bad:
+        task = kwargs.pop("task")
+        with pytest.raises(TaskRejected) as info:
+            await pipe.client.submit(task, **kwargs)
+        assert str(info.value)
+    assert "no_such_tool" in str(await _rejection(pipe, "ok", tools=["no_such_tool"]))
+    assert await _end_offsets(pipe, tasks_tps) == before  # nothing was published
+
+
+async def _rejection(pipe, task, **kwargs) -> TaskRejected:
+    try:
+        await pipe.client.submit(task, **kwargs)
+    except TaskRejected as exc:
+        return exc
+    raise AssertionError("not rejected")
+
+
+async def _end_offsets(pipe, tps):
+    consumer = AIOKafkaConsumer(bootstrap_servers=pipe.settings.kafka_bootstrap)
+    await consumer.start()
+    try:
+        return await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+
+
+async def _end_offset(pipe, tp) -> int:
+    return (await _end_offsets(pipe, [tp]))[tp]
+
+
+async def _read(pipe, tp, start: int, expect: int, timeout: float = 20):
+    codec = codec_for(pipe.settings)
+    consumer = AIOKafkaConsumer(bootstrap_servers=pipe.settings.kafka_bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out = []
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        deadline = time.monotonic() + timeout
+        while len(out) < expect and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=500)
+            out.extend(codec.decode(m.value) for m in batch.get(tp, []))
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _latest_snapshot(pipe, run_id: str) -> RunStateSnapshot:
+    tp = TopicPartition(pipe.worker.runtime.topics.runs, partition_for(run_id, pipe.settings.partitions))
+    snapshots = [s for s in await _read(pipe, tp, 0, expect=10_000, timeout=2) if s.run_id == run_id]
+    assert snapshots, "no snapshot on agent.runs"
+    versions = [s.version for s in snapshots]
+    assert versions == sorted(versions)
+    return snapshots[-1]

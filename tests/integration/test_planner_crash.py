@@ -1,0 +1,79 @@
+"""kill -9 of the planner mid-run, then a restart: every run completes and no tool runs twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.worker import WorkerOptions
+from streams.testing import Pipeline, isolated
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = 20
+# Two side effects per run, then an answer; the model takes 150 ms per step, so runs are mid-flight
+# when the planner dies.
+TASK = '[[slow:150]] [[tool:effect {"label": "first"}]] [[tool:effect {"label": "second"}]] [[answer:done]]'
+
+
+def _planner(settings, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
+           "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions),
+           "AGENTSTREAM_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms)}
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", "planner"], env=env, cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+async def _wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        await asyncio.sleep(0.05)
+
+
+async def test_planner_killed_mid_run_recovers_without_duplicate_effects(settings, effects_table, tmp_path):
+    s = isolated(settings, f"t{uuid.uuid4().hex[:8]}.")
+    log = tmp_path / "planner.log"
+    options = WorkerOptions(backend="scripted", tool_modules=("tests.integration.pipeline_tools",))
+    async with Pipeline.start(s, options, services=("inference", "tools")) as pipe:
+        planner = _planner(s, log)
+        try:
+            pool = await pipe.client.pool()
+            run_ids = [await pipe.client.submit(TASK, tools=["effect"], max_steps=8) for _ in range(RUNS)]
+
+            async def some_effects() -> bool:
+                return await pool.fetchval("SELECT count(*) FROM test_effects WHERE run_id = ANY($1)", run_ids) >= 5
+
+            await _wait_for(some_effects, 60)
+            planner.send_signal(signal.SIGKILL)
+            planner.wait()
+            at_kill = await pool.fetchval("SELECT count(*) FROM runs WHERE run_id = ANY($1) AND status = 'completed'",
+                                          run_ids)
+            assert at_kill < RUNS, "the planner was killed after every run had finished: nothing was tested"
+
+            planner = _planner(s, log)
+            results = await asyncio.gather(*(pipe.client.wait(r, timeout=90) for r in run_ids))
+        finally:
+            planner.kill()
+            planner.wait()
+        assert all(r.ok for r in results), [r for r in results if not r.ok]
+        rows = await pool.fetch("SELECT run_id, label, count(*) AS n FROM test_effects WHERE run_id = ANY($1) "
+                                "GROUP BY run_id, label", run_ids)
+        assert {(r["run_id"], r["label"]) for r in rows} == {(r, lbl) for r in run_ids for lbl in ("first", "second")}
+        duplicated = [(r["run_id"], r["label"], r["n"]) for r in rows if r["n"] != 1]
+        assert not duplicated, f"tools executed more than once: {duplicated}"
+        # Each run's history holds each event once, however often it was redelivered.
+        dupes = await pool.fetchval(
+            "SELECT count(*) FROM (SELECT step_id, event_type FROM events WHERE run_id = ANY($1) "
+            "GROUP BY step_id, event_type HAVING count(*) > 1) d", run_ids)
+        assert dupes == 0
