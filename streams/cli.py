@@ -87,6 +87,7 @@ def submit(
     max_steps: int = typer.Option(8, help="Most steps (model, tool and retrieval) the run may take."),
     deadline: float = typer.Option(None, help="Seconds from now after which the run fails."),
     wait: bool = typer.Option(False, "--wait", help="Wait for the outcome and print it."),
+    follow: bool = typer.Option(False, "--follow", help="Print the model's tokens as they are generated."),
     timeout: float = typer.Option(300.0, help="Seconds --wait waits."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -99,7 +100,16 @@ def submit(
         async with AgentClient() as client:
             run_id = await client.submit(task, tools=tools.split(",") if tools else None, max_steps=max_steps,
                                          deadline=deadline)
-            if not wait:
+            if follow:
+                console.print(f"run [bold]{run_id}[/bold]")
+                step = None
+                async for token in client.stream(run_id):
+                    if token.step_id != step:
+                        step = token.step_id
+                        console.print(f"\n[dim]{step}[/dim] ", end="")
+                    console.print(token.text, end="", markup=False, highlight=False)
+                console.print()
+            if not (wait or follow):
                 return {"run_id": run_id}
             result = await client.wait(run_id, timeout=timeout)
             return {"run_id": run_id, "status": result.status, "answer": result.answer,
@@ -111,11 +121,27 @@ def submit(
     if as_json:
         print(json.dumps(out))
     else:
-        console.print(f"run [bold]{out['run_id']}[/bold]")
+        if not follow:
+            console.print(f"run [bold]{out['run_id']}[/bold]")
         if details:
             print_run(details)
-    if wait and out.get("status") != "completed":
+    if (wait or follow) and out.get("status") != "completed":
         raise typer.Exit(1)
+
+
+@app.command()
+def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with the run).")) -> None:
+    """Stop a run: it fails with error_code 'cancelled' and a generation in progress is aborted."""
+    import asyncio
+
+    from streams.client import AgentClient
+
+    async def go() -> None:
+        async with AgentClient() as client:
+            await client.cancel(run_id, reason)
+
+    asyncio.run(go())
+    console.print(f"cancellation of {run_id} requested")
 
 
 @app.command()
@@ -170,8 +196,11 @@ def _short(value: object, limit: int = 70) -> str:
 @app.command()
 def worker(
     service: str = typer.Argument(..., help="planner, inference, retrieval, tools, or all"),
-    backend: str = typer.Option("scripted", help="Model backend: scripted or llamacpp."),
-    slots: int = typer.Option(None, help="Parallel generations (llamacpp; default 4)."),
+    backend: str = typer.Option("scripted", help="Model backend: scripted, llamacpp, openai or trtllm."),
+    slots: int = typer.Option(None, help="Generations the engine runs at once (the service's concurrency)."),
+    model: str = typer.Option(None, help="Model: a name for openai, a path or HF id for trtllm/llamacpp."),
+    base_url: str = typer.Option(None, help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."),
+    threads: int = typer.Option(None, help="llamacpp: CPU threads for the engine (default: all cores)."),
     tools_module: list[str] = typer.Option(None, "--tools", help="Module(s) of @tool functions to serve "
                                                                   "(default: the built-ins)."),
     log_level: str = typer.Option("INFO", help="Python log level."),
@@ -180,10 +209,20 @@ def worker(
     import logging
 
     from services.worker import SERVICES, WorkerOptions, serve
+    from streams.config import model_api_key
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = list(SERVICES) if service == "all" else [service]
-    options = WorkerOptions(backend=backend, backend_options={"slots": slots} if slots else {},
+    backend_options: dict = {"slots": slots} if slots else {}
+    if model:
+        backend_options["model_path" if backend == "llamacpp" else "model"] = model
+    if base_url:
+        backend_options["base_url"] = base_url
+    if threads:
+        backend_options["threads"] = threads
+    if backend == "openai" and model_api_key():
+        backend_options["api_key"] = model_api_key()
+    options = WorkerOptions(backend=backend, backend_options=backend_options,
                             tool_modules=tuple(tools_module) if tools_module else ("services.tools.builtin",))
     run_async(serve(names, options))
 

@@ -12,9 +12,9 @@ PostgreSQL, so an outcome published after that look is still read from Kafka (no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +26,8 @@ from streams import tracing
 from streams.codec import DecodeError, codec_for
 from streams.config import Settings
 from streams.errors import AgentStreamError
-from streams.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
+from streams.events import RunCancelRequested, TaskSubmitted, TokenChunk, new_run_id
+from streams.outcomes import OutcomeWatcher, RunResult
 from streams.runtime import Runtime
 from streams.tool_catalog import ToolCatalog
 
@@ -42,18 +43,13 @@ class TaskRejected(AgentStreamError):
 
 
 @dataclass(frozen=True)
-class RunResult:
-    run_id: str
-    status: str  # completed | failed
-    answer: str | None
-    error_code: str | None
-    error: str | None
-    steps: int
-    duration_ms: float
+class TokenEvent:
+    """Text a model generated for one of the run's steps."""
 
-    @property
-    def ok(self) -> bool:
-        return self.status == "completed"
+    offset: int  # in agent.tokens: resume with from_offset=offset + 1
+    step_id: str
+    seq: int
+    text: str
 
 
 class AgentClient:
@@ -63,7 +59,9 @@ class AgentClient:
         self.topics = self.runtime.topics
         self._pool: asyncpg.Pool | None = None
         self._catalog: ToolCatalog | None = None
-        self._watcher: _OutcomeWatcher | None = None
+        self._watcher: OutcomeWatcher | None = None
+        self._futures: dict[str, asyncio.Future[RunResult]] = {}
+        self._submitted: dict[str, datetime] = {}
 
     async def __aenter__(self) -> AgentClient:
         await self.start()
@@ -98,15 +96,16 @@ class AgentClient:
         """
         tools = await self._check(task, tools, max_steps, model, system_prompt, metadata)
         at = _deadline(deadline)
-        watcher = await self._watch()  # before publishing: the outcome cannot slip past us
+        await self._watch()  # before publishing: the outcome cannot slip past us
         run_id = new_run_id()
-        watcher.future(run_id)
+        self._future(run_id)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
                                     tools=tools, max_steps=max_steps, deadline=at, model=model,
                                     system_prompt=system_prompt, metadata=dict(metadata or {}))
         future = await self.runtime.send(self.topics.tasks, event,
                                          headers=[(tracing.HEADER, tracing.new_traceparent().encode())])
         await future
+        self._submitted[run_id] = event.created_at
         return run_id
 
     async def _check(self, task: Any, tools: Any, max_steps: Any, model: Any, system_prompt: Any,
@@ -138,23 +137,39 @@ class AgentClient:
             raise TaskRejected(f"unknown tool(s): {', '.join(unknown)}; registered tools: {known}")
         return list(dict.fromkeys(tools))
 
+    async def cancel(self, run_id: str, reason: str = "") -> None:
+        """Ask the planner to stop the run (it fails with error_code ``cancelled``; a generation in
+        progress is aborted). Cancelling a run that has ended does nothing."""
+        event = RunCancelRequested.build(run_id=run_id, step=f"{run_id}:cancel", service="client",
+                                         reason=reason, requested_by="client")
+        await (await self.runtime.send(self.topics.tasks, event))
+
     async def _tool_catalog(self) -> ToolCatalog:
         if self._catalog is None:
             self._catalog = ToolCatalog(await self.pool())
         return self._catalog
 
     # -- wait ----------------------------------------------------------------------------------
-    async def _watch(self) -> _OutcomeWatcher:
+    async def _watch(self) -> None:
         if self._watcher is None:
-            self._watcher = _OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
-                                            self.settings.partitions, self.runtime)
+            self._watcher = OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
+                                           self.settings.partitions, self.runtime.codec, self._resolve)
             await self._watcher.start()
-        return self._watcher
+
+    def _future(self, run_id: str) -> asyncio.Future[RunResult]:
+        if run_id not in self._futures:
+            self._futures[run_id] = asyncio.get_running_loop().create_future()
+        return self._futures[run_id]
+
+    def _resolve(self, result: RunResult) -> None:
+        future = self._futures.get(result.run_id)
+        if future is not None and not future.done():  # only runs someone submitted or waits for
+            future.set_result(result)
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """The run's outcome, once it has one. Raises ``TimeoutError`` after ``timeout`` seconds."""
-        watcher = await self._watch()
-        future = watcher.future(run_id)
+        await self._watch()
+        future = self._future(run_id)
         if not future.done():
             row = await (await self.pool()).fetchrow(
                 """SELECT status, answer, error_code, error, step_count,
@@ -164,8 +179,68 @@ class AgentClient:
                 return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
                                  row["step_count"], float(row["ms"]))
         result = await asyncio.wait_for(asyncio.shield(future), timeout)
-        watcher.forget(run_id)
+        self._futures.pop(run_id, None)
         return result
+
+    # -- tokens --------------------------------------------------------------------------------
+    async def stream(self, run_id: str, *, from_offset: int | None = None,
+                     poll_ms: int = 100) -> AsyncIterator[TokenEvent]:
+        """The run's generated text as it is made, until the run ends.
+
+        Each item carries its offset in ``agent.tokens``: after a disconnect, call again with
+        ``from_offset=last.offset + 1`` to continue with nothing lost and nothing repeated. Without
+        ``from_offset`` the stream starts at the run's submission (found by timestamp, so no scan).
+        """
+        tp = TopicPartition(self.topics.tokens, self.topics.partition_for(run_id))
+        await self._watch()
+        outcome = self._future(run_id)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
+                                    isolation_level="read_committed", fetch_max_wait_ms=poll_ms)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            if from_offset is None:
+                from_offset = await self._first_offset(consumer, tp, run_id)
+            consumer.seek(tp, from_offset)
+            if await self._finished(run_id):
+                outcome = asyncio.get_running_loop().create_future()
+                outcome.set_result(None)
+            seen: set[tuple[str, int]] = set()
+            end: int | None = None
+            while True:
+                batch = await consumer.getmany(tp, timeout_ms=poll_ms)
+                for msg in batch.get(tp, []):
+                    if msg.key != run_id.encode():
+                        continue
+                    try:
+                        chunk = self.runtime.codec.decode(msg.value)
+                    except DecodeError:
+                        continue
+                    if isinstance(chunk, TokenChunk) and (chunk.step_id, chunk.seq) not in seen:
+                        seen.add((chunk.step_id, chunk.seq))  # a regenerated step repeats its chunks
+                        yield TokenEvent(offset=msg.offset, step_id=chunk.step_id, seq=chunk.seq, text=chunk.text)
+                if end is None and outcome.done():
+                    # Every token of the run was acknowledged before its outcome was published.
+                    end = (await consumer.end_offsets([tp]))[tp]
+                if end is not None and await consumer.position(tp) >= end:
+                    return
+        finally:
+            await consumer.stop()
+
+    async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition, run_id: str) -> int:
+        submitted = self._submitted.get(run_id)
+        if submitted is None:
+            submitted = await (await self.pool()).fetchval("SELECT submitted_at FROM runs WHERE run_id = $1", run_id)
+        if submitted is None:
+            return (await consumer.end_offsets([tp]))[tp]
+        found = await consumer.offsets_for_times({tp: int(submitted.timestamp() * 1000) - 1000})
+        if found.get(tp) is None:
+            return (await consumer.end_offsets([tp]))[tp]
+        return found[tp].offset
+
+    async def _finished(self, run_id: str) -> bool:
+        status = await (await self.pool()).fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
+        return status in ("completed", "failed")
 
     # -- history -------------------------------------------------------------------------------
     async def status(self, run_id: str) -> dict[str, Any] | None:
@@ -191,66 +266,6 @@ class AgentClient:
                       consumed_at, consumed_by, producer, payload::text AS payload
                FROM events WHERE run_id = $1 ORDER BY produced_at, recorded_at""", run_id)
         return [{**dict(r), "payload": json.loads(r["payload"])} for r in rows]
-
-
-class _OutcomeWatcher:
-    """One consumer over all partitions of ``agent.outcomes``, from their end offsets at start."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int, runtime: Runtime) -> None:
-        self.topic = topic
-        self.partitions = partitions
-        self.runtime = runtime
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                         isolation_level="read_committed", fetch_max_wait_ms=100)
-        self._futures: dict[str, asyncio.Future[RunResult]] = {}
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        await self.consumer.start()
-        tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
-        self.consumer.assign(tps)
-        ends = await self.consumer.end_offsets(tps)
-        for tp in tps:
-            self.consumer.seek(tp, ends[tp])
-        self._task = asyncio.create_task(self._loop())
-
-    def future(self, run_id: str) -> asyncio.Future[RunResult]:
-        if run_id not in self._futures:
-            self._futures[run_id] = asyncio.get_running_loop().create_future()
-        return self._futures[run_id]
-
-    def forget(self, run_id: str) -> None:
-        self._futures.pop(run_id, None)
-
-    async def _loop(self) -> None:
-        while True:
-            batch = await self.consumer.getmany(timeout_ms=500)
-            for messages in batch.values():
-                for msg in messages:
-                    try:
-                        event = self.runtime.codec.decode(msg.value)
-                    except DecodeError:
-                        continue
-                    if isinstance(event, RunCompleted):
-                        result = RunResult(event.run_id, "completed", event.answer, None, None, event.steps,
-                                           event.duration_ms)
-                    elif isinstance(event, RunFailed):
-                        result = RunResult(event.run_id, "failed", None, event.error_code, event.error,
-                                           event.steps, event.duration_ms)
-                    else:
-                        continue
-                    future = self._futures.get(event.run_id)
-                    if future is None:
-                        continue  # not ours to wait for
-                    if not future.done():
-                        future.set_result(result)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.consumer.stop()
 
 
 def _deadline(deadline: datetime | timedelta | float | None) -> datetime | None:

@@ -122,6 +122,12 @@ def dev_ports() -> tuple[int | None, int | None]:
     return port("AGENTSTREAM_KAFKA_PORT"), port("AGENTSTREAM_PG_PORT")
 
 
+def model_api_key() -> str | None:
+    """The API key for an OpenAI-compatible model server: ``AGENTSTREAM_MODEL_API_KEY``, else
+    ``OPENAI_API_KEY``."""
+    return os.environ.get("AGENTSTREAM_MODEL_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+
+
 def uvloop_enabled() -> bool:
     """uvloop runs the workers' event loops unless ``AGENTSTREAM_UVLOOP=0``."""
     return os.environ.get("AGENTSTREAM_UVLOOP", "1").strip().lower() not in ("0", "false", "no", "off")

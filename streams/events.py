@@ -220,6 +220,13 @@ class RunStateSnapshot(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunCancelRequested(Event):
+    schema_name: ClassVar[str] = _NS + "RunCancelRequested"
+    reason: str = ""
+    requested_by: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunCompleted(Event):
     schema_name: ClassVar[str] = _NS + "RunCompleted"
     answer: str
@@ -259,8 +266,8 @@ class DeadLetter(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.schema_name: cls
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
-                RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCompleted,
-                RunFailed, DeadLetter)
+                RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
+                RunCompleted, RunFailed, DeadLetter)
 }
 
 _RECORDS = (Producer, Message, Passage)

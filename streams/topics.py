@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
+from aiokafka.partitioner import murmur2
 
 from streams.errors import AgentStreamError
 
@@ -89,6 +90,10 @@ class Topics:
     @property
     def dlq(self) -> str:
         return self._t("dlq")
+
+    def partition_for(self, run_id: str) -> int:
+        """The partition of every run-keyed topic that carries ``run_id`` (Kafka's default partitioner)."""
+        return (murmur2(run_id.encode()) & 0x7FFFFFFF) % self.partitions
 
     def group(self, service: str) -> str:
         """The consumer group of a service."""

@@ -13,6 +13,7 @@ app = faust.App(
     os.environ["APP_ID"], broker=f"kafka://{os.environ['BOOTSTRAP']}", store="memory://", web_enabled=False,
     topic_partitions=int(os.environ.get("PARTITIONS", "4")), topic_replication_factor=1,
     broker_commit_interval=0.05, producer_acks=-1, broker_session_timeout=10,
+    datadir=os.environ.get("DATADIR", "/tmp/agentstream-faust"),
 )
 inputs = app.topic(os.environ["IN"], key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 outputs = app.topic(os.environ["OUT"], key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")

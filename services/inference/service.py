@@ -4,7 +4,8 @@ It consumes with concurrency equal to the backend's slots, so the engine always 
 never more than it can run. Tokens go to ``agent.tokens`` (key: run_id) as they are made: the first
 delta at once (time to first token), later ones coalesced every ``token_flush_s`` so a fast engine does
 not turn every token into a Kafka record. A request whose deadline has passed is answered with an error
-at once; a generation that outlives it is cancelled.
+at once; a generation that outlives it is cancelled, and so is one whose run ends meanwhile (cancelled
+by its user, failed elsewhere): ``run_ended`` is called from an ``OutcomeWatcher`` on ``agent.outcomes``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from services.inference.backends.base import (
     GenerationRequest,
 )
 from streams.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
+from streams.outcomes import RunResult
 from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 
 SERVICE = "inference"
@@ -34,6 +36,12 @@ class InferenceService:
         self.runtime = runtime
         self.backend = backend
         self.token_flush_s = token_flush_s
+        self._generating: dict[str, set[asyncio.Task]] = {}
+
+    def run_ended(self, result: RunResult) -> None:
+        """Abort the run's generations: nobody will use their output."""
+        for task in self._generating.get(result.run_id, ()):
+            task.cancel()
 
     def service(self, **overrides) -> ServiceRunner:
         topics = self.runtime.topics
@@ -48,8 +56,7 @@ class InferenceService:
             raise TypeError(f"the inference service does not handle {type(event).__name__}")
         started = time.perf_counter()
         if event.deadline is not None and event.deadline <= datetime.now(UTC):
-            await self._complete(ctx, event, Final(text="", finish_reason="error", prompt_tokens=0,
-                                                   completion_tokens=0), started, error="deadline_exceeded")
+            await self._complete(ctx, event, _nothing("error"), started, error="deadline_exceeded")
             return
         request = GenerationRequest(
             request_id=event.step_id,
@@ -59,18 +66,29 @@ class InferenceService:
             cache_key=event.run_id, model=event.model,
         )
         timeout = (event.deadline - datetime.now(UTC)).total_seconds() if event.deadline else None
+        generation = asyncio.create_task(self._generate(request, event, ctx))
+        running = self._generating.setdefault(event.run_id, set())
+        running.add(generation)
         try:
-            final = await asyncio.wait_for(self._generate(request, event, ctx), timeout)
+            final = await asyncio.wait_for(generation, timeout)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this handler itself is being cancelled (shutdown, revocation)
+            await self._complete(ctx, event, _nothing("cancelled"), started, error="run_ended")
+            return
         except TimeoutError:
-            await self._complete(ctx, event, Final(text="", finish_reason="error", prompt_tokens=0,
-                                                   completion_tokens=0), started, error="deadline_exceeded")
+            await self._complete(ctx, event, _nothing("error"), started, error="deadline_exceeded")
             return
         except BackendError as exc:
             if exc.retriable:
                 raise  # the runtime retries with backoff, then dead-letters
-            await self._complete(ctx, event, Final(text="", finish_reason="error", prompt_tokens=0,
-                                                   completion_tokens=0), started, error=str(exc))
+            await self._complete(ctx, event, _nothing("error"), started, error=str(exc))
             return
+        finally:
+            running.discard(generation)
+            if not running:
+                self._generating.pop(event.run_id, None)
         await self._complete(ctx, event, final, started)
 
     async def _generate(self, request: GenerationRequest, event: InferenceRequested, ctx: Context) -> Final:
@@ -109,7 +127,12 @@ class InferenceService:
         await ctx.emit(self.runtime.topics.inference_results, InferenceCompleted.build(
             run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
             parent_step_id=event.parent_step_id, text=final.text,
-            finish_reason="error" if error else final.finish_reason, prompt_tokens=final.prompt_tokens,
+            finish_reason=final.finish_reason, prompt_tokens=final.prompt_tokens,
             completion_tokens=final.completion_tokens, cached_prompt_tokens=final.cached_prompt_tokens,
             ttft_ms=final.ttft_ms, duration_ms=(time.perf_counter() - started) * 1000,
             model=final.model, backend=self.backend.name, error=error))
+
+
+def _nothing(finish_reason: str) -> Final:
+    """The final record of a generation that produced nothing usable."""
+    return Final(text="", finish_reason=finish_reason, prompt_tokens=0, completion_tokens=0)

@@ -78,6 +78,13 @@ def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | Ret
     return _ask_model(state, now, [Message(role="tool", name="retrieve", content=content)])
 
 
+def cancel(state: RunState, now: datetime, reason: str) -> RunState | None:
+    """The cancelled state of a running run, or None if it has already ended."""
+    if state.terminal:
+        return None
+    return fail(state, now, "cancelled", reason or "cancelled on request")
+
+
 def expire(state: RunState, now: datetime) -> RunState | None:
     """The failed state of a run past its deadline, or None if it still has time (or has ended)."""
     if state.terminal or state.deadline is None or now < state.deadline:

@@ -24,7 +24,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from aiokafka import TopicPartition
-from aiokafka.partitioner import murmur2
 
 from services.planner import machine
 from services.planner.state import TERMINAL, RunState
@@ -35,6 +34,7 @@ from streams.events import (
     InferenceRequested,
     RetrievalCompleted,
     RetrievalRequested,
+    RunCancelRequested,
     TaskSubmitted,
     ToolCallCompleted,
     ToolCallRequested,
@@ -60,11 +60,6 @@ REQUEST_TYPE_FOR = {InferenceCompleted: InferenceRequested, ToolCallCompleted: T
                     RetrievalCompleted: RetrievalRequested}
 SERVICE_FOR = {InferenceCompleted: "inference", ToolCallCompleted: "tools", RetrievalCompleted: "retrieval"}
 MAX_TASK_STEPS = 1000
-
-
-def partition_for(run_id: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner gives the key ``run_id`` (all our topics agree)."""
-    return (murmur2(run_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 class Planner:
@@ -94,6 +89,8 @@ class Planner:
             await self._on_task(event, ctx)
         elif isinstance(event, RESULT_TYPES):
             await self._on_result(event, ctx)
+        elif isinstance(event, RunCancelRequested):
+            await self._on_cancel(event, ctx)
         else:
             raise TypeError(f"the planner does not handle {type(event).__name__}")
 
@@ -135,6 +132,15 @@ class Planner:
         new = machine.advance(state, result, datetime.now(UTC))
         outputs = machine.outputs(new, self.runtime.topics)
         await self._commit(state, new, outputs, ctx, consumed=result)
+        await self._publish(outputs, new, ctx)
+
+    async def _on_cancel(self, request: RunCancelRequested, ctx: Context) -> None:
+        state = await self._load(request.run_id)
+        new = machine.cancel(state, datetime.now(UTC), request.reason) if state is not None else None
+        if state is None or new is None:
+            return  # unknown, or already over: nothing to stop
+        outputs = machine.outputs(new, self.runtime.topics)
+        await self._commit(state, new, outputs, ctx, consumed=request)
         await self._publish(outputs, new, ctx)
 
     async def _task_problem(self, task: TaskSubmitted) -> str | None:
@@ -240,17 +246,17 @@ class Planner:
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         """Load the active runs of the new partitions, so their deadlines are watched at once."""
-        self.assigned = {tp.partition for tp in assigned if tp.topic == self.runtime.topics.tasks}
-        n = self.runtime.settings.partitions
+        topics = self.runtime.topics
+        self.assigned = {tp.partition for tp in assigned if tp.topic == topics.tasks}
         for raw in await self.store.active_states():
             state = RunState.from_json(raw)
-            if partition_for(state.run_id, n) in self.assigned and state.run_id not in self.cache:
+            if topics.partition_for(state.run_id) in self.assigned and state.run_id not in self.cache:
                 self._remember(state)
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        gone = {tp.partition for tp in revoked if tp.topic == self.runtime.topics.tasks}
-        n = self.runtime.settings.partitions
-        for run_id in [r for r in self.cache if partition_for(r, n) in gone]:
+        topics = self.runtime.topics
+        gone = {tp.partition for tp in revoked if tp.topic == topics.tasks}
+        for run_id in [r for r in self.cache if topics.partition_for(r) in gone]:
             del self.cache[run_id]
 
 
@@ -304,4 +310,4 @@ def _step_result(event: Event, at: datetime) -> StepResult:
                       error=event.error, completed_at=at)
 
 
-__all__: Sequence[str] = ["Planner", "partition_for"]
+__all__: Sequence[str] = ["Planner"]

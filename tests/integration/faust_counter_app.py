@@ -19,6 +19,7 @@ app = faust.App(
     topic_replication_factor=1,
     broker_commit_every=1,
     broker_commit_interval=0.2,
+    datadir=os.environ.get("DATADIR", "/tmp/agentstream-faust"),
 )
 events = app.topic(os.environ["IN_TOPIC"], key_type=str, value_type=str, value_serializer="raw")
 out = app.topic(os.environ["OUT_TOPIC"], key_type=str, value_type=str, value_serializer="raw")

@@ -70,7 +70,7 @@ async def test_table_restored_from_changelog_after_restart(kafka_bootstrap, topi
     in_topic = await topic_factory("faust-in", partitions=2)
     out_topic = await topic_factory("faust-out")
     env = {**os.environ, "APP_ID": f"counter-{unique}", "BOOTSTRAP": kafka_bootstrap,
-           "IN_TOPIC": in_topic, "OUT_TOPIC": out_topic}
+           "IN_TOPIC": in_topic, "OUT_TOPIC": out_topic, "DATADIR": str(tmp_path / "faust")}
     expected = {f"user-{i}": i + 1 for i in range(12)}
 
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")

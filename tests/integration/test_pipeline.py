@@ -11,7 +11,6 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from services.planner.service import partition_for
 from services.worker import WorkerOptions
 from streams.client import TaskRejected
 from streams.codec import codec_for
@@ -201,7 +200,8 @@ async def _read(pipe, tp, start: int, expect: int, timeout: float = 20):
 
 
 async def _latest_snapshot(pipe, run_id: str) -> RunStateSnapshot:
-    tp = TopicPartition(pipe.worker.runtime.topics.runs, partition_for(run_id, pipe.settings.partitions))
+    topics = pipe.worker.runtime.topics
+    tp = TopicPartition(topics.runs, topics.partition_for(run_id))
     snapshots = [s for s in await _read(pipe, tp, 0, expect=10_000, timeout=2) if s.run_id == run_id]
     assert snapshots, "no snapshot on agent.runs"
     versions = [s.version for s in snapshots]

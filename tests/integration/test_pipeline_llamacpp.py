@@ -31,3 +31,6 @@ async def test_a_real_model_drives_a_run_with_schema_valid_actions(settings):
     if result.ok:
         tool_steps = [s for s in status["steps"] if s["kind"] == "tool"]
         assert tool_steps and tool_steps[0]["request"]["tool"] == "calculator"
+    if len(model_steps) > 1:  # the run's later steps found its earlier prompt in the engine's cache
+        later = model_steps[1]["result"]
+        assert 0 < later["cached_prompt_tokens"] <= later["prompt_tokens"]

@@ -64,10 +64,15 @@ class ScriptedBackend:
 
     name = "scripted"
 
-    def __init__(self, *, slots: int = 64, latency_s: float = 0.0, chunk_chars: int = 0) -> None:
+    def __init__(self, *, slots: int = 64, latency_s: float = 0.0, chunk_chars: int = 0,
+                 chunk_delay_s: float = 0.0) -> None:
         self.slots = slots
         self.latency_s = latency_s
         self.chunk_chars = chunk_chars
+        self.chunk_delay_s = chunk_delay_s
+        #: Generations running now, and the most ever at once (tests check the service's batching).
+        self.active = 0
+        self.max_active = 0
 
     async def start(self) -> None:
         return None
@@ -77,13 +82,20 @@ class ScriptedBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
         started = time.perf_counter()
-        text, delay = scripted_reply(request.messages)
-        if self.latency_s + delay:
-            await asyncio.sleep(self.latency_s + delay)
-        step = self.chunk_chars or len(text) or 1
-        for i in range(0, len(text), step):
-            yield Delta(text[i : i + step])
-        prompt_tokens = sum(len(m.content.split()) for m in request.messages)
-        yield Final(text=text, finish_reason="stop", prompt_tokens=prompt_tokens,
-                    completion_tokens=len(text.split()), ttft_ms=(time.perf_counter() - started) * 1000,
-                    model="scripted")
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            text, delay = scripted_reply(request.messages)
+            if self.latency_s + delay:
+                await asyncio.sleep(self.latency_s + delay)
+            ttft_ms = (time.perf_counter() - started) * 1000
+            step = self.chunk_chars or len(text) or 1
+            for i in range(0, len(text), step):
+                if i and self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+                yield Delta(text[i : i + step])
+            prompt_tokens = sum(len(m.content.split()) for m in request.messages)
+            yield Final(text=text, finish_reason="stop", prompt_tokens=prompt_tokens,
+                        completion_tokens=len(text.split()), ttft_ms=ttft_ms, model="scripted")
+        finally:
+            self.active -= 1
