@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 
 from services.inference.backends.base import Backend
+from services.tools.builtin import BuiltinConfig
 from streams import db, migrations
 from streams.codec import codec_for
 from streams.config import Settings
@@ -35,6 +36,8 @@ class WorkerOptions:
     backend: str = "scripted"
     backend_options: dict[str, Any] = field(default_factory=dict)
     tool_modules: Sequence[str] = ("services.tools.builtin",)
+    #: Which built-in tools to serve and their limits (http_get is off unless hosts are allowed).
+    builtin: BuiltinConfig | None = None
     #: Overrides for every service's ServiceConfig (tests shorten session timeouts, for instance).
     service_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -96,16 +99,18 @@ class Worker:
                      "heartbeat_interval_ms": max(100, s.session_timeout_ms // 10),
                      **self.options.service_overrides}
         if "tools" in self.names:
-            from services.tools.registry import load_tools
+            from services.tools.builtin import tools_for
             from services.tools.service import ToolService
 
-            tools = load_tools(*self.options.tool_modules)
+            tools = tools_for(self.options.tool_modules, self.options.builtin)
             await register(self.pool, [t.info() for t in tools], worker=self.runtime.topics.group("tools"))
             self.runners.append(ToolService(self.runtime, self.pool, tools).service(**overrides))
         if "retrieval" in self.names:
             from services.retrieval.service import RetrievalService
 
-            self.runners.append(RetrievalService(self.runtime, self.pool).service(**overrides))
+            retrieval = RetrievalService(self.runtime, self.pool)
+            await retrieval.start()  # the embedding model loads before the group is joined
+            self.runners.append(retrieval.service(**overrides))
         if "inference" in self.names:
             from services.inference.service import InferenceService
 

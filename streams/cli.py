@@ -130,6 +130,55 @@ def submit(
 
 
 @app.command()
+def approve(run_id: str, step_id: str, reason: str = typer.Option("", help="Recorded with the decision."),
+            by: str = typer.Option("", help="Who decided.")) -> None:
+    """Let a tool call that waits for approval run (see `agentstream approvals`)."""
+    _decide(run_id, step_id, True, reason, by)
+
+
+@app.command()
+def deny(run_id: str, step_id: str, reason: str = typer.Option("", help="Told to the model."),
+         by: str = typer.Option("", help="Who decided.")) -> None:
+    """Refuse a tool call that waits for approval; the model is told why."""
+    _decide(run_id, step_id, False, reason, by)
+
+
+def _decide(run_id: str, step_id: str, approved: bool, reason: str, by: str) -> None:
+    import asyncio
+
+    from streams.client import AgentClient
+
+    async def go() -> None:
+        async with AgentClient() as client:
+            await (client.approve if approved else client.deny)(run_id, step_id, reason, by)
+
+    asyncio.run(go())
+    console.print(f"{'approved' if approved else 'denied'}: {run_id} {step_id}")
+
+
+@app.command()
+def approvals(as_json: bool = typer.Option(False, "--json", help="Print one JSON array.")) -> None:
+    """Tool calls waiting for a person's approval."""
+    import asyncio
+
+    from streams.client import AgentClient
+
+    async def go() -> list[dict]:
+        async with AgentClient() as client:
+            return await client.awaiting_approval()
+
+    waiting = asyncio.run(go())
+    if as_json:
+        print(json.dumps(waiting, default=str))
+        return
+    table = Table("run", "step", "tool", "arguments", "waiting since")
+    for w in waiting:
+        table.add_row(w["run_id"], w["step_id"], w.get("tool", ""), json.dumps(w.get("arguments", {})),
+                      str(w["since"]))
+    console.print(table if waiting else "no tool call is waiting for approval")
+
+
+@app.command()
 def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with the run).")) -> None:
     """Stop a run: it fails with error_code 'cancelled' and a generation in progress is aborted."""
     import asyncio
@@ -142,6 +191,23 @@ def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with 
 
     asyncio.run(go())
     console.print(f"cancellation of {run_id} requested")
+
+
+@app.command()
+def ingest(
+    paths: list[str] = typer.Argument(..., help="Files or directories (text and markdown, recursively)."),
+    collection: str = typer.Option("default", help="Collection to add the chunks to."),
+    chunk_chars: int = typer.Option(700, help="Most characters per chunk."),
+    overlap: int = typer.Option(100, help="Characters repeated between consecutive chunks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the stats as one JSON object."),
+) -> None:
+    """Chunk, embed and store text/markdown files for retrieval (re-ingesting adds only what is new)."""
+    from services.retrieval.ingest import run_ingest_cli
+
+    stats = run_ingest_cli(paths, collection, err if as_json else console, chunk_chars=chunk_chars,
+                           overlap=overlap)
+    if as_json:
+        print(json.dumps(stats.as_dict()))
 
 
 @app.command()
@@ -201,15 +267,20 @@ def worker(
     model: str = typer.Option(None, help="Model: a name for openai, a path or HF id for trtllm/llamacpp."),
     base_url: str = typer.Option(None, help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."),
     threads: int = typer.Option(None, help="llamacpp: CPU threads for the engine (default: all cores)."),
+    http_allow: list[str] = typer.Option(None, "--http-allow", help="Serve http_get for this host (repeatable; "
+                                                                    "default: AGENTSTREAM_HTTP_ALLOWED_HOSTS, else off)."),
     tools_module: list[str] = typer.Option(None, "--tools", help="Module(s) of @tool functions to serve "
                                                                   "(default: the built-ins)."),
     log_level: str = typer.Option("INFO", help="Python log level."),
 ) -> None:
     """Run one service (or all four) until interrupted."""
+    import dataclasses
     import logging
 
+    from services.tools.builtin import BuiltinConfig
+    from services.tools.http import HttpGetConfig
     from services.worker import SERVICES, WorkerOptions, serve
-    from streams.config import model_api_key
+    from streams.config import model_api_key, tool_environment
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = list(SERVICES) if service == "all" else [service]
@@ -222,7 +293,10 @@ def worker(
         backend_options["threads"] = threads
     if backend == "openai" and model_api_key():
         backend_options["api_key"] = model_api_key()
-    options = WorkerOptions(backend=backend, backend_options=backend_options,
+    builtin = BuiltinConfig.from_env(tool_environment())
+    if http_allow:
+        builtin = dataclasses.replace(builtin, http_get=HttpGetConfig.parse_hosts(http_allow))
+    options = WorkerOptions(backend=backend, backend_options=backend_options, builtin=builtin,
                             tool_modules=tuple(tools_module) if tools_module else ("services.tools.builtin",))
     run_async(serve(names, options))
 

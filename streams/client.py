@@ -26,7 +26,7 @@ from streams import tracing
 from streams.codec import DecodeError, codec_for
 from streams.config import Settings
 from streams.errors import AgentStreamError
-from streams.events import RunCancelRequested, TaskSubmitted, TokenChunk, new_run_id
+from streams.events import ApprovalDecided, RunCancelRequested, TaskSubmitted, TokenChunk, new_run_id
 from streams.outcomes import OutcomeWatcher, RunResult
 from streams.runtime import Runtime
 from streams.tool_catalog import ToolCatalog
@@ -88,20 +88,28 @@ class AgentClient:
     # -- submit --------------------------------------------------------------------------------
     async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int = 8,
                      deadline: datetime | timedelta | float | None = None, model: str | None = None,
-                     system_prompt: str | None = None, metadata: dict[str, str] | None = None) -> str:
+                     system_prompt: str | None = None, metadata: dict[str, str] | None = None,
+                     prefetch: bool = True, on_tool_error: str = "tell_model") -> str:
         """Validate and publish a task; return its run id. Raises ``TaskRejected``.
 
         ``tools``: the tools the run may call (default: every registered tool). ``deadline``: an absolute
-        time, or a duration (timedelta or seconds) from now.
+        time, or a duration (timedelta or seconds) from now. ``prefetch``: start retrieval for the task
+        text alongside the first model call. ``on_tool_error``: when a tool fails for good,
+        ``tell_model`` (it decides) or ``fail_run``.
         """
         tools = await self._check(task, tools, max_steps, model, system_prompt, metadata)
+        if on_tool_error not in ("tell_model", "fail_run"):
+            raise TaskRejected("on_tool_error must be 'tell_model' or 'fail_run'")
+        if not isinstance(prefetch, bool):
+            raise TaskRejected("prefetch must be true or false")
         at = _deadline(deadline)
         await self._watch()  # before publishing: the outcome cannot slip past us
         run_id = new_run_id()
         self._future(run_id)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
                                     tools=tools, max_steps=max_steps, deadline=at, model=model,
-                                    system_prompt=system_prompt, metadata=dict(metadata or {}))
+                                    system_prompt=system_prompt, metadata=dict(metadata or {}),
+                                    prefetch=prefetch, on_tool_error=on_tool_error)
         future = await self.runtime.send(self.topics.tasks, event,
                                          headers=[(tracing.HEADER, tracing.new_traceparent().encode())])
         await future
@@ -143,6 +151,27 @@ class AgentClient:
         event = RunCancelRequested.build(run_id=run_id, step=f"{run_id}:cancel", service="client",
                                          reason=reason, requested_by="client")
         await (await self.runtime.send(self.topics.tasks, event))
+
+    async def approve(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> None:
+        """Let the tool call waiting at ``step_id`` run."""
+        await self._decide(run_id, step_id, True, reason, by)
+
+    async def deny(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> None:
+        """Refuse the tool call waiting at ``step_id``; the model is told, with the reason."""
+        await self._decide(run_id, step_id, False, reason, by)
+
+    async def _decide(self, run_id: str, step_id: str, approved: bool, reason: str, by: str) -> None:
+        event = ApprovalDecided.build(run_id=run_id, step=step_id, service="client", approved=approved,
+                                      reason=reason, decided_by=by or "client")
+        await (await self.runtime.send(self.topics.tasks, event))
+
+    async def awaiting_approval(self) -> list[dict[str, Any]]:
+        """Runs paused on a tool call that needs approval: run id, step id, tool, arguments, since when."""
+        rows = await (await self.pool()).fetch(
+            """SELECT run_id, state->>'pending_step_id' AS step_id, state->'pending_request' AS request,
+                      updated_at FROM runs WHERE status = 'awaiting_approval' ORDER BY updated_at""")
+        return [{"run_id": r["run_id"], "step_id": r["step_id"], "since": r["updated_at"],
+                 **{k: v for k, v in json.loads(r["request"]).items() if k in ("tool", "arguments")}} for r in rows]
 
     async def _tool_catalog(self) -> ToolCatalog:
         if self._catalog is None:

@@ -128,6 +128,19 @@ def model_api_key() -> str | None:
     return os.environ.get("AGENTSTREAM_MODEL_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
 
 
+def tool_environment() -> dict[str, str]:
+    """The ``AGENTSTREAM_HTTP_*`` / ``AGENTSTREAM_SQL_*`` variables that configure the built-in tools
+    (parsed by ``services.tools.builtin.BuiltinConfig.from_env``)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("AGENTSTREAM_HTTP_", "AGENTSTREAM_SQL_"))}
+
+
+def embedding_files() -> tuple[str | None, str | None]:
+    """Paths overriding the embedding model and tokenizer (``AGENTSTREAM_EMBEDDING_MODEL`` /
+    ``AGENTSTREAM_EMBEDDING_TOKENIZER``); they must still match the pinned checksums."""
+    return (os.environ.get("AGENTSTREAM_EMBEDDING_MODEL") or None,
+            os.environ.get("AGENTSTREAM_EMBEDDING_TOKENIZER") or None)
+
+
 def uvloop_enabled() -> bool:
     """uvloop runs the workers' event loops unless ``AGENTSTREAM_UVLOOP=0``."""
     return os.environ.get("AGENTSTREAM_UVLOOP", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -124,6 +124,9 @@ class TaskSubmitted(Event):
     model: str | None = None
     system_prompt: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    prefetch: bool = True
+    on_tool_error: str = "tell_model"
+    replay_of: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +194,8 @@ class ToolCallCompleted(Event):
     error: str | None = None
     duration_ms: float = 0.0
     replayed: bool = False
+    error_kind: str | None = None
+    attempts: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +229,14 @@ class RunCancelRequested(Event):
     schema_name: ClassVar[str] = _NS + "RunCancelRequested"
     reason: str = ""
     requested_by: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalDecided(Event):
+    schema_name: ClassVar[str] = _NS + "ApprovalDecided"
+    approved: bool
+    reason: str = ""
+    decided_by: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,7 +280,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.schema_name: cls
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
                 RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
-                RunCompleted, RunFailed, DeadLetter)
+                ApprovalDecided, RunCompleted, RunFailed, DeadLetter)
 }
 
 _RECORDS = (Producer, Message, Passage)

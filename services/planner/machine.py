@@ -1,20 +1,23 @@
 """The run state machine, as pure functions: no I/O, no clock (``now`` is passed in).
 
 ``start`` makes a run from its task; ``advance`` applies the result of the pending step and decides the
-next one; ``expire`` fails a run past its deadline; ``outputs`` is every event a state asks to be
-published. Because ``outputs`` depends on the state alone, republishing after a crash yields the same
+next one; ``prefetched`` takes the speculative retrieval's result; ``decide`` applies a person's
+approval or denial; ``cancel`` and ``expire`` end a run early; ``outputs`` is every event a state asks
+to be published. Because ``outputs`` depends on the state alone, republishing after a crash yields the same
 events (same ids, same bytes) and consumers drop the copies.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from datetime import datetime
 
 from services.planner.actions import Action, ActionError, action_schema, instructions, parse_action
-from services.planner.state import COMPLETED, FAILED, RUNNING, RunState
+from services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
 from streams.events import (
+    ApprovalDecided,
     Event,
     InferenceCompleted,
     InferenceRequested,
@@ -36,10 +39,19 @@ MAX_PARSE_FAILURES = 3
 MODEL_MAX_TOKENS = 256
 RETRIEVAL_K = 4
 RESULT_PREVIEW = 2000  # characters of a tool or retrieval result shown to the model
+#: A retrieval the model asks for is answered by the prefetch when this share of its query's words
+#: appear in the task (the prefetch searched for the task text).
+PREFETCH_MATCH = 0.6
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def prefetch_step(run_id: str) -> str:
+    return f"{run_id}:prefetch"
 
 
 def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime) -> RunState:
-    """A new run whose first step asks the model what to do."""
+    """A new run whose first step asks the model what to do (and, unless the task says not to, a
+    retrieval for the task text that starts at the same time)."""
     state = RunState(
         run_id=task.run_id, status=RUNNING, task=task.task, tools=tuple(task.tools),
         max_steps=task.max_steps, deadline=task.deadline, model=task.model,
@@ -47,15 +59,50 @@ def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime) -> RunState
         messages=(Message(role="system", content=instructions(tools, task.system_prompt)),
                   Message(role="user", content=task.task)),
         response_schema=json.dumps(action_schema(tools), separators=(",", ":")),
-        version=0, submitted_at=task.created_at, updated_at=now,
+        approval_tools=tuple(t.name for t in tools if t.requires_approval),
+        on_tool_error=task.on_tool_error if task.on_tool_error in ("tell_model", "fail_run") else "tell_model",
+        prefetch="pending" if task.prefetch else "off", prefetch_sent_at=now if task.prefetch else None,
+        replay_of=task.replay_of, version=0, submitted_at=task.created_at, updated_at=now,
     )
     return _ask_model(state, now, [])
 
 
 def is_pending_result(state: RunState, event: Event) -> bool:
     """True when ``event`` answers the step the run is waiting for (anything else is a copy or stale)."""
-    return (not state.terminal and event.step_id == state.pending_step_id
+    return (state.status == RUNNING and event.step_id == state.pending_step_id
+            and not state.pending_request.get("prefetch")
             and isinstance(event, (InferenceCompleted, ToolCallCompleted, RetrievalCompleted)))
+
+
+def is_prefetch_result(state: RunState, event: Event) -> bool:
+    return (isinstance(event, RetrievalCompleted) and event.step_id == prefetch_step(state.run_id)
+            and state.prefetch == "pending" and not state.terminal)
+
+
+def prefetched(state: RunState, result: RetrievalCompleted, now: datetime) -> RunState:
+    """The speculative retrieval came back (check ``is_prefetch_result`` first): keep its passages, or
+    answer the retrieval step that was waiting for them."""
+    passages = tuple({"id": p.id, "text": p.text, "score": p.score, "source": p.source} for p in result.passages)
+    state = state.evolve(prefetch="ready", prefetched=passages, prefetch_error=result.error,
+                         prefetch_ready_at=now, updated_at=now)
+    if state.pending_kind == "retrieval" and state.pending_request.get("prefetch"):
+        return _serve_from_prefetch(state, now, state.pending_step_id or "", state.step_index - 1,
+                                    state.pending_request["query"], waited=True)
+    return state
+
+
+def decide(state: RunState, decision: ApprovalDecided, now: datetime) -> RunState | None:
+    """A person's decision on the tool call waiting for approval, or None if it is not waiting for
+    this one (a copy, or a decision on a step long gone)."""
+    if state.status != AWAITING_APPROVAL or decision.step_id != state.pending_step_id:
+        return None
+    if decision.approved:
+        return state.evolve(status=RUNNING, updated_at=now,
+                            pending_request={**state.pending_request, "approved_by": decision.decided_by})
+    tool = state.pending_request.get("tool", "the tool")
+    note = Message(role="tool", name=tool, content=f"the call to {tool} was denied by a person"
+                   + (f": {decision.reason}" if decision.reason else ""))
+    return _ask_model(replace(state, last_step_id=decision.step_id, status=RUNNING), now, [note])
 
 
 def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
@@ -65,17 +112,50 @@ def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | Ret
     if isinstance(event, InferenceCompleted):
         return _on_model_reply(state, event, now)
     if isinstance(event, ToolCallCompleted):
+        if not event.ok and state.on_tool_error == "fail_run" and _gave_up(event):
+            return fail(state, now, "tool_failed", f"{event.tool}: {event.error}")
         content = (f"{event.tool} returned: {_preview(event.result)}" if event.ok
                    else f"{event.tool} failed: {event.error}")
         return _ask_model(state, now, [Message(role="tool", name=event.tool, content=content)])
-    if event.error:
-        content = f"retrieval failed: {event.error}"
-    elif not event.passages:
+    passages = [{"id": p.id, "text": p.text, "score": p.score, "source": p.source} for p in event.passages]
+    return _ask_model(state, now, [_retrieval_message(passages, event.error)])
+
+
+def _gave_up(event: ToolCallCompleted) -> bool:
+    """A failure the tool service will not retry any more (not a bad call the model can correct)."""
+    return event.error_kind in ("retries_exhausted", "interrupted")
+
+
+def _retrieval_message(passages: list[dict], error: str | None) -> Message:
+    if error:
+        content = f"retrieval failed: {error}"
+    elif not passages:
         content = "retrieval found no passages."
     else:
-        content = "\n".join(f"[{i + 1}] ({p.source or p.id}) {_preview(p.text, 600)}"
-                            for i, p in enumerate(event.passages))
-    return _ask_model(state, now, [Message(role="tool", name="retrieve", content=content)])
+        content = "\n".join(f"[{i + 1}] ({p.get('source') or p['id']}) {_preview(p['text'], 600)}"
+                            for i, p in enumerate(passages))
+    return Message(role="tool", name="retrieve", content=content)
+
+
+def _serve_from_prefetch(state: RunState, now: datetime, step: str, index: int, query: str,
+                         waited: bool) -> RunState:
+    """Complete retrieval step ``step`` with the prefetched passages and ask the model again. The time
+    saved is what the retrieval had already run when the model asked for it (all of it, if ready)."""
+    sent = state.prefetch_sent_at or now
+    asked = state.pending_request.get("asked_at") if waited else None
+    asked_at = datetime.fromisoformat(asked) if asked else now
+    ready = state.prefetch_ready_at or now
+    saved_ms = max(0.0, (min(asked_at, ready) - sent).total_seconds() * 1000)
+    served = {"step_id": step, "step_index": index, "query": query, "saved_ms": round(saved_ms, 2),
+              "waited": waited}
+    state = state.evolve(prefetch="used", prefetch_served=served, last_step_id=step, updated_at=now)
+    return _ask_model(state, now, [_retrieval_message(list(state.prefetched), state.prefetch_error)])
+
+
+def _matches_task(query: str, task: str) -> bool:
+    words = {w.lower() for w in _WORD.findall(query)}
+    task_words = {w.lower() for w in _WORD.findall(task)}
+    return bool(words) and len(words & task_words) / len(words) >= PREFETCH_MATCH
 
 
 def cancel(state: RunState, now: datetime, reason: str) -> RunState | None:
@@ -130,18 +210,33 @@ def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) ->
 
 def _request(state: RunState, now: datetime, action: Action, new: list[Message], **changes) -> RunState:
     if action.kind == "tool":
-        return _next_step(state, now, "tool", {"tool": action.tool, "arguments": action.arguments}, new, **changes)
-    return _next_step(state, now, "retrieval", {"query": action.query, "k": RETRIEVAL_K}, new, **changes)
+        request = {"tool": action.tool, "arguments": action.arguments}
+        status = AWAITING_APPROVAL if action.tool in state.approval_tools else RUNNING
+        return _next_step(state, now, "tool", request, new, status=status, **changes)
+    query = action.query or ""
+    if state.prefetch in ("pending", "ready") and _matches_task(query, state.task):
+        # The speculative retrieval searched for this already: use it, or wait for it.
+        if state.prefetch == "ready":
+            state = _next_step(state, now, "retrieval", {"query": query, "k": RETRIEVAL_K, "prefetch": True},
+                               new, **changes)
+            if state.terminal:
+                return state
+            return _serve_from_prefetch(state, now, state.pending_step_id or "", state.step_index - 1, query,
+                                        waited=False)
+        return _next_step(state, now, "retrieval",
+                          {"query": query, "k": RETRIEVAL_K, "prefetch": True, "asked_at": now.isoformat()},
+                          new, **changes)
+    return _next_step(state, now, "retrieval", {"query": query, "k": RETRIEVAL_K}, new, **changes)
 
 
 def _next_step(state: RunState, now: datetime, kind: str, request: dict, new: list[Message],
-               **changes) -> RunState:
+               status: str = RUNNING, **changes) -> RunState:
     messages = (*state.messages, *new)
     if state.step_index >= state.max_steps:
         return fail(state, now, "max_steps", f"the run used all {state.max_steps} steps without an answer",
-                     messages=messages, **changes)
+                    messages=messages, **changes)
     return state.evolve(
-        status=RUNNING, step_index=state.step_index + 1,
+        status=status, step_index=state.step_index + 1,
         pending_step_id=step_id(state.run_id, state.step_index, kind), pending_kind=kind,
         pending_request=request, messages=messages, updated_at=now, **changes,
     )
@@ -163,7 +258,11 @@ def outputs(state: RunState, topics: Topics) -> list[tuple[str, Event]]:
     and the snapshot."""
     out: list[tuple[str, Event]] = []
     common: dict = {"run_id": state.run_id, "service": SERVICE, "created_at": state.updated_at}
-    if state.status == RUNNING and state.pending_step_id:
+    if state.prefetch == "pending" and state.last_step_id is None and state.step_index == 1:
+        # Only the run's first state asks for the prefetch, so republishing later states never repeats it.
+        out.append((topics.retrieval_requests, RetrievalRequested.build(
+            step=prefetch_step(state.run_id), query=state.task[:1000], k=RETRIEVAL_K, **common)))
+    if state.status == RUNNING and state.pending_step_id and not state.pending_request.get("prefetch"):
         step = state.pending_step_id
         common["parent_step_id"] = state.last_step_id
         if state.pending_kind == "model":

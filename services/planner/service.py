@@ -26,9 +26,10 @@ from datetime import UTC, datetime
 from aiokafka import TopicPartition
 
 from services.planner import machine
-from services.planner.state import TERMINAL, RunState
+from services.planner.state import AWAITING_APPROVAL, TERMINAL, RunState
 from streams import tracing
 from streams.events import (
+    ApprovalDecided,
     Event,
     InferenceCompleted,
     InferenceRequested,
@@ -91,6 +92,8 @@ class Planner:
             await self._on_result(event, ctx)
         elif isinstance(event, RunCancelRequested):
             await self._on_cancel(event, ctx)
+        elif isinstance(event, ApprovalDecided):
+            await self._on_decision(event, ctx)
         else:
             raise TypeError(f"the planner does not handle {type(event).__name__}")
 
@@ -125,11 +128,15 @@ class Planner:
         if state is None:
             log.warning("planner: %s for unknown run %s dropped", type(result).__name__, result.run_id)
             return
-        if not machine.is_pending_result(state, result):
+        if machine.is_prefetch_result(state, result):
+            assert isinstance(result, RetrievalCompleted)
+            new = machine.prefetched(state, result, datetime.now(UTC))
+        elif machine.is_pending_result(state, result):
+            new = machine.advance(state, result, datetime.now(UTC))
+        else:
             if result.step_id == state.last_step_id:  # a redelivery: make sure what it led to was published
                 await self._publish(machine.outputs(state, self.runtime.topics), state, ctx)
             return
-        new = machine.advance(state, result, datetime.now(UTC))
         outputs = machine.outputs(new, self.runtime.topics)
         await self._commit(state, new, outputs, ctx, consumed=result)
         await self._publish(outputs, new, ctx)
@@ -141,6 +148,16 @@ class Planner:
             return  # unknown, or already over: nothing to stop
         outputs = machine.outputs(new, self.runtime.topics)
         await self._commit(state, new, outputs, ctx, consumed=request)
+        await self._publish(outputs, new, ctx)
+
+    async def _on_decision(self, decision: ApprovalDecided, ctx: Context) -> None:
+        state = await self._load(decision.run_id)
+        new = machine.decide(state, decision, datetime.now(UTC)) if state is not None else None
+        if state is None or new is None:
+            log.info("planner: decision on %s ignored (not awaiting approval for that step)", decision.step_id)
+            return
+        outputs = machine.outputs(new, self.runtime.topics)
+        await self._commit(state, new, outputs, ctx, consumed=decision)
         await self._publish(outputs, new, ctx)
 
     async def _task_problem(self, task: TaskSubmitted) -> str | None:
@@ -194,10 +211,28 @@ class Planner:
             if topic == self.runtime.topics.runs:
                 continue  # snapshots are derived; the state row holds them
             events.append(EventRow(event=event, topic=topic, traceparent=new.traceparent))
-            if isinstance(event, (InferenceRequested, ToolCallRequested, RetrievalRequested)):
+            if event.step_id == machine.prefetch_step(new.run_id):
+                requested.append(StepRow(step_id=event.step_id, run_id=new.run_id, step_index=-1, kind="prefetch",
+                                         request=_step_request(event), requested_at=new.updated_at))
+            elif isinstance(event, (InferenceRequested, ToolCallRequested, RetrievalRequested)):
                 requested.append(StepRow(step_id=event.step_id, run_id=new.run_id,
                                          step_index=new.step_index - 1, kind=new.pending_kind or "",
                                          request=_step_request(event), requested_at=new.updated_at))
+        if new.status == AWAITING_APPROVAL and (old is None or old.status != AWAITING_APPROVAL):
+            requested.append(StepRow(step_id=new.pending_step_id or "", run_id=new.run_id,
+                                     step_index=new.step_index - 1, kind="tool",
+                                     request={**new.pending_request, "awaiting_approval": True},
+                                     requested_at=new.updated_at))
+        served = new.prefetch_served
+        if served and (old is None or old.prefetch_served != served):
+            # A retrieval step answered by the prefetch inside this transition: no request event.
+            requested.append(StepRow(step_id=served["step_id"], run_id=new.run_id, step_index=served["step_index"],
+                                     kind="retrieval", request={"query": served["query"], "from_prefetch": True},
+                                     requested_at=new.updated_at))
+            completed.append(StepResult(step_id=served["step_id"], status="completed",
+                                        result={"passages": list(new.prefetched), "from_prefetch": True,
+                                                "saved_ms": served["saved_ms"], "waited": served["waited"]},
+                                        error=new.prefetch_error, completed_at=new.updated_at))
         run = RunRow(
             run_id=new.run_id, status=new.status, task=new.task, state=new.to_dict(), version=new.version,
             expected_version=None if old is None else old.version, step_count=new.step_index,

@@ -15,6 +15,7 @@ from typing import Any
 from streams.events import Message, RunStateSnapshot
 
 RUNNING = "running"  # a step is pending (model, tool or retrieval)
+AWAITING_APPROVAL = "awaiting_approval"  # a tool call waits for a person; no worker holds the run
 COMPLETED = "completed"
 FAILED = "failed"
 TERMINAL = frozenset({COMPLETED, FAILED})
@@ -53,6 +54,21 @@ class RunState:
     submitted_at: datetime
     updated_at: datetime
     traceparent: str | None = None
+    #: Tools of this run that need a person's approval before each call.
+    approval_tools: tuple[str, ...] = ()
+    #: After a tool's last retry failed: "tell_model" (it decides what next) or "fail_run".
+    on_tool_error: str = "tell_model"
+    #: Speculative retrieval for the task text, started with the first model call:
+    #: off | pending (asked) | ready (passages here) | used.
+    prefetch: str = "off"
+    prefetched: tuple[dict[str, Any], ...] = ()
+    prefetch_error: str | None = None
+    prefetch_sent_at: datetime | None = None
+    prefetch_ready_at: datetime | None = None
+    #: The retrieval step the prefetch answered: step_id, step_index, query, saved_ms.
+    prefetch_served: dict[str, Any] | None = None
+    #: The run this one replays or forks, if any.
+    replay_of: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -65,8 +81,10 @@ class RunState:
         """JSON-ready (timestamps as ISO strings). Written for every transition, so no deep copy."""
         data = {name: getattr(self, name) for name in _FIELDS}
         data["tools"] = list(self.tools)
+        data["approval_tools"] = list(self.approval_tools)
+        data["prefetched"] = list(self.prefetched)
         data["messages"] = [{"role": m.role, "content": m.content, "name": m.name} for m in self.messages]
-        for key in ("deadline", "submitted_at", "updated_at"):
+        for key in _TIMES:
             data[key] = data[key].isoformat() if data[key] else None
         return data
 
@@ -76,9 +94,11 @@ class RunState:
     @classmethod
     def from_json(cls, raw: str | dict) -> RunState:
         data = json.loads(raw) if isinstance(raw, str) else dict(raw)
-        for key in ("deadline", "submitted_at", "updated_at"):
+        for key in _TIMES:
             data[key] = datetime.fromisoformat(data[key]) if data.get(key) else None
         data["tools"] = tuple(data["tools"])
+        data["approval_tools"] = tuple(data.get("approval_tools", ()))
+        data["prefetched"] = tuple(data.get("prefetched", ()))
         data["messages"] = tuple(Message(**m) for m in data["messages"])
         return cls(**data)
 
@@ -97,3 +117,4 @@ class RunState:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RunState))
+_TIMES = ("deadline", "submitted_at", "updated_at", "prefetch_sent_at", "prefetch_ready_at")

@@ -1,28 +1,50 @@
 """The retrieval service: RetrievalRequested in, RetrievalCompleted (top-k passages) out.
 
-Search is PostgreSQL full-text over ``documents`` (any of the query's words, ranked by ``ts_rank_cd``).
+Search is hybrid (services/retrieval/search.py): PostgreSQL full-text over ``documents`` (any of the
+query's words) and pgvector nearest neighbours of the query's embedding (all-MiniLM-L6-v2 on the CPU,
+services/retrieval/embeddings.py), fused by reciprocal rank fusion; a passage's score is its fused score.
+Concurrent requests share embedding batches. Call ``await service.start()`` before the service joins its
+group, so the model is loaded before the first request arrives.
+
 Bad input — an empty query, k out of range, an unknown collection — gets an error result, not a crash.
+If the embedding model cannot be loaded (its packages missing), ``start()`` raises; a service that was
+not started degrades to full-text search and logs why, once.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 
 import asyncpg
 
+from services.retrieval.embeddings import Embedder, EmbeddingModelUnavailable
+from services.retrieval.search import DEFAULT_EF_SEARCH, Hit, hybrid_search
 from streams.events import Event, Passage, RetrievalCompleted, RetrievalRequested
 from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 
+log = logging.getLogger(__name__)
 SERVICE = "retrieval"
 MAX_K = 50
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 class RetrievalService:
-    def __init__(self, runtime: Runtime, pool: asyncpg.Pool) -> None:
+    def __init__(self, runtime: Runtime, pool: asyncpg.Pool, embedder: Embedder | None = None, *,
+                 ef_search: int = DEFAULT_EF_SEARCH) -> None:
+        """``embedder``: defaults to one over the process's shared ONNX encoder (loaded by ``start``)."""
         self.runtime = runtime
         self.pool = pool
+        self.embedder: Embedder | None = embedder if embedder is not None else Embedder()
+        self.ef_search = ef_search
+        self._degraded_logged = False
+
+    async def start(self) -> None:
+        """Load the embedding model (in a worker thread; idempotent). Raises
+        :class:`EmbeddingModelUnavailable` when its packages are missing."""
+        if self.embedder is not None:
+            await self.embedder.load()
 
     def service(self, *, concurrency: int = 16, **overrides) -> ServiceRunner:
         topics = self.runtime.topics
@@ -56,12 +78,22 @@ class RetrievalService:
         return None
 
     async def search(self, query: str, k: int, collection: str) -> list[Passage]:
-        terms = " | ".join(dict.fromkeys(w.lower() for w in _WORD.findall(query)))
-        rows = await self.pool.fetch(
-            """SELECT id, content, source, ts_rank_cd(tsv, q) AS score
-               FROM documents, to_tsquery('english', $1) AS q
-               WHERE collection = $2 AND tsv @@ q
-               ORDER BY score DESC, id LIMIT $3""",
-            terms, collection, k)
-        return [Passage(id=str(r["id"]), text=r["content"], score=float(r["score"]), source=r["source"])
-                for r in rows]
+        hits = await self.hybrid(query, k, collection)
+        return [Passage(id=str(h.id), text=h.content, score=h.score, source=h.source) for h in hits]
+
+    async def hybrid(self, query: str, k: int, collection: str) -> list[Hit]:
+        """The hits with each leg's rank (for debugging and tests)."""
+        try:
+            hits = await hybrid_search(self.pool, query, k=k, collection=collection, embedder=self.embedder,
+                                       ef_search=self.ef_search)
+        except EmbeddingModelUnavailable as exc:
+            if not self._degraded_logged:
+                log.error("retrieval: no embedding model (%s); serving full-text search only", exc)
+                self._degraded_logged = True
+            self.embedder = None
+            hits = await hybrid_search(self.pool, query, k=k, collection=collection, embedder=None)
+        if log.isEnabledFor(logging.DEBUG):
+            for h in hits:
+                log.debug("retrieval %r: id=%s fused=%.4f text_rank=%s vector_rank=%s", query, h.id, h.score,
+                          h.text_rank, h.vector_rank)
+        return hits

@@ -1,12 +1,30 @@
-"""Built-in tools."""
+"""Built-in tools, and how a worker chooses which of them to serve.
+
+- ``calculator``: arithmetic, always on;
+- ``sql_query``: one read-only query on ``documents`` (services/tools/sql.py), on by default;
+- ``retrieve``: the retrieval service's top-k passages, asked through events (the tool service
+  publishes a RetrievalRequested and waits for its RetrievalCompleted), on by default;
+- ``http_get``: off unless the worker is given a host allowlist (services/tools/http.py).
+
+``load_tools("services.tools.builtin")`` serves the defaults (the module-level tools below). A worker
+that has configuration builds the list with ``builtin_tools(BuiltinConfig(...))``, or, for a mix of
+built-ins and other modules, ``tools_for(modules, config)``; ``BuiltinConfig.from_env(os.environ)``
+reads the ``AGENTSTREAM_HTTP_*`` / ``AGENTSTREAM_SQL_*`` variables.
+"""
 
 from __future__ import annotations
 
 import ast
 import math
 import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from services.tools.registry import ToolError, tool
+from services.tools.http import HttpGetConfig, http_get_tool
+from services.tools.registry import Tool, ToolContext, ToolError, load_tools, tool
+from services.tools.sql import SqlQueryConfig, sql_query_tool
+from streams.errors import ConfigError
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -64,3 +82,103 @@ def _eval(node: ast.AST) -> float | int:
 @tool(description="Evaluate an arithmetic expression, e.g. '17 * 23' or 'sqrt(2) / 3'.", timeout_s=2.0)
 async def calculator(expression: str) -> float | int:
     return evaluate(expression)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrieveConfig:
+    """Limits of the ``retrieve`` tool."""
+
+    #: How long one attempt waits for the retrieval service's answer.
+    timeout_s: float = 10.0
+    max_k: int = 20
+    collection: str = "default"
+    #: A timed-out or failed request is asked again (a search is repeatable) this many times at most.
+    max_attempts: int = 2
+
+
+def retrieve_tool(config: RetrieveConfig | None = None) -> Tool:
+    """The ``retrieve`` tool bound to ``config``."""
+    config = config or RetrieveConfig()
+
+    @tool(name="retrieve", description=f"Search the document collection; returns the k (1-{config.max_k}) best "
+                                       "passages with their id, text, score and source.",
+          timeout_s=config.timeout_s + 1.0, max_attempts=config.max_attempts)
+    async def retrieve(query: str, k: int = 5, *, ctx: ToolContext) -> list[dict[str, Any]]:
+        if not 1 <= k <= config.max_k:
+            raise ToolError(f"k must be between 1 and {config.max_k} (got {k})")
+        if ctx.retrieve is None:
+            raise ToolError("retrieval is not available on this worker")
+        completed = await ctx.retrieve(query, k, config.collection, config.timeout_s)
+        if completed.error:
+            raise ToolError(f"retrieval failed: {completed.error}")
+        return [{"id": p.id, "text": p.text, "score": p.score, "source": p.source} for p in completed.passages]
+
+    return retrieve
+
+
+#: The defaults, found by ``load_tools("services.tools.builtin")``.
+sql_query = sql_query_tool(SqlQueryConfig())
+retrieve = retrieve_tool(RetrieveConfig())
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltinConfig:
+    """Which built-ins a worker serves, and their limits; None turns a tool off."""
+
+    http_get: HttpGetConfig | None = None
+    sql_query: SqlQueryConfig | None = field(default_factory=SqlQueryConfig)
+    retrieve: RetrieveConfig | None = field(default_factory=RetrieveConfig)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> BuiltinConfig:
+        """From ``AGENTSTREAM_HTTP_ALLOWED_HOSTS`` (comma-separated; empty: http_get off),
+        ``AGENTSTREAM_HTTP_ALLOW_PRIVATE`` (1: allowlisted hosts may resolve to private addresses),
+        ``AGENTSTREAM_HTTP_MAX_BYTES``, ``AGENTSTREAM_HTTP_TIMEOUT_S``, ``AGENTSTREAM_SQL_TIMEOUT_S``,
+        ``AGENTSTREAM_SQL_MAX_ROWS``. The caller passes the environment (streams/config.py reads it)."""
+
+        def number(name: str, kind: type, default: Any) -> Any:
+            raw = environ.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not a {kind.__name__}") from None
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive (got {raw})")
+            return value
+
+        http = HttpGetConfig.parse_hosts(
+            environ.get("AGENTSTREAM_HTTP_ALLOWED_HOSTS", ""),
+            allow_private=environ.get("AGENTSTREAM_HTTP_ALLOW_PRIVATE", "").strip().lower() in ("1", "true", "yes"),
+            max_bytes=number("AGENTSTREAM_HTTP_MAX_BYTES", int, 1_000_000),
+            timeout_s=number("AGENTSTREAM_HTTP_TIMEOUT_S", float, 10.0))
+        sql = SqlQueryConfig(statement_timeout_s=number("AGENTSTREAM_SQL_TIMEOUT_S", float, 5.0),
+                             max_rows=number("AGENTSTREAM_SQL_MAX_ROWS", int, 100))
+        return cls(http_get=http, sql_query=sql)
+
+
+def builtin_tools(config: BuiltinConfig | None = None) -> list[Tool]:
+    """The built-ins ``config`` turns on (``calculator`` always)."""
+    config = config or BuiltinConfig()
+    tools = [calculator]
+    if config.sql_query is not None:
+        tools.append(sql_query_tool(config.sql_query))
+    if config.retrieve is not None:
+        tools.append(retrieve_tool(config.retrieve))
+    if config.http_get is not None:
+        tools.append(http_get_tool(config.http_get))
+    return tools
+
+
+def tools_for(modules: Sequence[str], config: BuiltinConfig | None = None) -> list[Tool]:
+    """``load_tools(*modules)``, except that this module stands for ``builtin_tools(config)``: what a
+    worker serves for its ``--tools`` modules and its built-in configuration."""
+    others = [m for m in modules if m != __name__]
+    tools = builtin_tools(config) if len(others) < len(modules) else []
+    names = {t.name for t in tools}
+    for extra in load_tools(*others) if others else []:
+        if extra.name in names:
+            raise ValueError(f"two tools are named {extra.name!r}")
+        tools.append(extra)
+    return tools

@@ -6,23 +6,36 @@
 
 Arguments are validated against the schema before the function runs, so a model's bad call becomes a
 clear error result, never an exception inside the tool. A parameter annotated ``ToolContext`` is not
-part of the schema: the service passes the call's context (run and step ids, the database pool).
+part of the schema: the service passes the call's context (run and step ids, the attempt, the database
+pool, a way to ask the retrieval service).
+
+Retries are the tool's own business because only the tool knows what is safe to repeat: a tool that
+raises ``ToolError(retriable=True)`` (or times out, with ``retry_on_timeout=True``) is run again by the
+tool service, with exponential backoff, up to ``max_attempts`` times. The default is one attempt.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import random
 import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from streams.errors import AgentStreamError
 from streams.tool_catalog import ToolInfo
+
+if TYPE_CHECKING:
+    from streams.events import RetrievalCompleted
+
+#: ``retrieve(query, k, collection, timeout_s)``: publish a RetrievalRequested for this call and wait for
+#: its RetrievalCompleted (the tool service provides it; see services/tools/service.py).
+Retrieve = Callable[[str, int, str, float], Awaitable["RetrievalCompleted"]]
 
 
 class ToolArgumentError(AgentStreamError):
@@ -39,9 +52,16 @@ class ToolError(AgentStreamError):
 
 @dataclass(frozen=True)
 class ToolContext:
+    """What a tool may know about its call. ``step_id`` is stable across redeliveries and attempts:
+    a tool with external side effects should pass it on as its idempotency key."""
+
     run_id: str
     step_id: str
     pool: asyncpg.Pool | None = None
+    #: 1 for the first execution, 2 for the first retry, and so on.
+    attempt: int = 1
+    #: Ask the retrieval service (through events); None where the worker offers no retrieval.
+    retrieve: Retrieve | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +73,26 @@ class Tool:
     timeout_s: float = 10.0
     requires_approval: bool = False
     context_param: str | None = None
+    #: Executions at most, the first included; retried only on retriable errors.
+    max_attempts: int = 1
+    #: First backoff between attempts; doubled each time (with jitter), capped at ``max_backoff_s``.
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    #: Whether running past ``timeout_s`` is worth another attempt (safe only for repeatable tools).
+    retry_on_timeout: bool = False
     _hints: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"tool {self.name}: max_attempts must be at least 1")
+        if self.timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError(f"tool {self.name}: timeout_s must be positive and backoff_s not negative")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt``: exponential, capped, with jitter (so
+        the retries of many calls that failed together do not hit the dependency together)."""
+        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)
 
     def info(self) -> ToolInfo:
         return ToolInfo(self.name, self.description, self.parameters, self.requires_approval)
@@ -121,7 +160,9 @@ def _type_problem(value: Any, schema: dict[str, Any]) -> str | None:
 
 
 def tool(fn: Callable[..., Awaitable[Any]] | None = None, *, name: str | None = None,
-         description: str | None = None, timeout_s: float = 10.0, requires_approval: bool = False):
+         description: str | None = None, timeout_s: float = 10.0, requires_approval: bool = False,
+         max_attempts: int = 1, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
+         retry_on_timeout: bool = False):
     """Make an async function a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(...)``)."""
 
     def wrap(func: Callable[..., Awaitable[Any]]) -> Tool:
@@ -144,7 +185,9 @@ def tool(fn: Callable[..., Awaitable[Any]] | None = None, *, name: str | None = 
         doc = description or (inspect.getdoc(func) or "").split("\n\n")[0].strip() or func.__name__
         return Tool(name=name or func.__name__, description=doc, fn=func,
                     parameters={"type": "object", "properties": props, "required": required},
-                    timeout_s=timeout_s, requires_approval=requires_approval, context_param=context_param)
+                    timeout_s=timeout_s, requires_approval=requires_approval, context_param=context_param,
+                    max_attempts=max_attempts, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
+                    retry_on_timeout=retry_on_timeout)
 
     return wrap(fn) if fn is not None else wrap
 

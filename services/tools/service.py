@@ -5,24 +5,55 @@ it finishes the row gets the result. A redelivered request (a planner republishi
 rebalance) finds the row: a finished call is answered from it (``replayed=true``) without running the
 tool again; a call still marked ``running`` was interrupted mid-execution (its worker died), and
 because its effects may or may not have happened, it is not run again either: the result says so.
+
+Retries happen here, inside the claimed call, not in the runtime: a retriable tool error (or a
+timeout, for tools that say timeouts are retriable) runs the tool again after an exponential backoff,
+up to the tool's ``max_attempts``, and the row's ``attempts`` counts the executions started. The
+runtime must not retry a handler that already ran a tool: its second try would find the row
+``running`` and answer "interrupted". When the attempts are used up, the step fails ("failed after N
+attempts: …") and the request goes to the dead-letter topic with error kind ``retries_exhausted``;
+the handler itself returns normally, so the runtime does not dead-letter the record a second time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
-from streams.events import Event, ToolCallCompleted, ToolCallRequested
+from streams.codec import DecodeError
+from streams.events import (
+    DeadLetter,
+    Event,
+    RetrievalCompleted,
+    RetrievalRequested,
+    ToolCallCompleted,
+    ToolCallRequested,
+)
 from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 
 log = logging.getLogger(__name__)
 SERVICE = "tools"
+RETRIES_EXHAUSTED = "retries_exhausted"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a claimed call ended: a JSON result, or an error with its kind, after ``attempts`` runs."""
+
+    attempts: int
+    result: str | None = None
+    error: str | None = None
+    #: unknown_tool | invalid_arguments | timeout | tool_error | retries_exhausted | interrupted
+    error_kind: str | None = None
 
 
 class ToolService:
@@ -30,12 +61,17 @@ class ToolService:
         self.runtime = runtime
         self.pool = pool
         self.tools = {t.name: t for t in tools}
+        self.retrievals = RetrievalWaiter(runtime)
+        self._unrecorded: dict[str, Outcome] = {}
 
     def service(self, *, concurrency: int = 32, **overrides) -> ServiceRunner:
         topics = self.runtime.topics
         config = ServiceConfig(name=SERVICE, topics=[topics.tool_requests], group_id=topics.group(SERVICE),
                                concurrency=concurrency, **overrides)
-        return ServiceRunner(self.runtime, config, self.handle)
+        return _ToolRunner(self, config)
+
+    async def close(self) -> None:
+        await self.retrievals.stop()
 
     async def handle(self, event: Event, ctx: Context) -> None:
         if not isinstance(event, ToolCallRequested):
@@ -43,36 +79,59 @@ class ToolService:
         started = time.perf_counter()
         tool = self.tools.get(event.tool)
         if tool is None:
-            await self._reply(ctx, event, started, error=f"unknown tool {event.tool!r}; this worker serves "
-                                                          f"{', '.join(sorted(self.tools)) or 'none'}")
+            await self._reply(ctx, event, started, Outcome(0, error=f"unknown tool {event.tool!r}; this worker "
+                                                                  f"serves {', '.join(sorted(self.tools)) or 'none'}",
+                                                           error_kind="unknown_tool"))
             return
         try:
             arguments = tool.validate(json.loads(event.arguments))
         except (json.JSONDecodeError, ToolArgumentError) as exc:
-            await self._reply(ctx, event, started, error=f"invalid arguments: {exc}")
+            await self._reply(ctx, event, started, Outcome(0, error=f"invalid arguments: {exc}",
+                                                           error_kind="invalid_arguments"))
             return
         previous = await self._claim(event, arguments)
-        if previous is not None:
+        unrecorded = self._unrecorded.get(event.step_id)
+        if previous is not None and unrecorded is None:
             await self._replay(ctx, event, started, previous)
             return
-        try:
-            value = await asyncio.wait_for(tool.call(arguments, ToolContext(event.run_id, event.step_id, self.pool)),
-                                           tool.timeout_s)
-            result = json.dumps(value)
-        except TimeoutError:
-            await self._finish(event, error=f"timed out after {tool.timeout_s:g} s")
-            await self._reply(ctx, event, started, error=f"{tool.name} timed out after {tool.timeout_s:g} s")
-            return
-        except ToolError as exc:
-            await self._finish(event, error=str(exc))
-            await self._reply(ctx, event, started, error=str(exc))
-            return
-        except (TypeError, ValueError) as exc:
-            await self._finish(event, error=f"{type(exc).__name__}: {exc}")
-            await self._reply(ctx, event, started, error=f"{tool.name} failed: {exc}")
-            return
-        await self._finish(event, result=result)
-        await self._reply(ctx, event, started, result=result)
+        # A runtime retry of this handler after the tool ran but before its row was updated (a database
+        # blip) answers from memory instead of "interrupted".
+        outcome = unrecorded or await self._execute(tool, arguments, event)
+        self._unrecorded[event.step_id] = outcome
+        await self._finish(event, outcome)
+        del self._unrecorded[event.step_id]
+        await self._reply(ctx, event, started, outcome)
+        if outcome.error_kind == RETRIES_EXHAUSTED:
+            await self._dead_letter(ctx, event, outcome.error or "")
+
+    async def _execute(self, tool: Tool, arguments: dict[str, Any], event: ToolCallRequested) -> Outcome:
+        """Run the tool, retrying retriable failures with backoff; never raises for the tool's errors."""
+        attempt = 1
+        while True:
+            context = ToolContext(event.run_id, event.step_id, self.pool, attempt=attempt,
+                                  retrieve=self.retrievals.bind(event, attempt))
+            try:
+                value = await asyncio.wait_for(tool.call(arguments, context), tool.timeout_s)
+                return Outcome(attempt, result=json.dumps(value))
+            except TimeoutError:
+                reason, kind, retriable = (f"{tool.name} timed out after {tool.timeout_s:g} s", "timeout",
+                                           tool.retry_on_timeout)
+            except ToolError as exc:
+                reason, kind, retriable = str(exc), "tool_error", exc.retriable
+            except Exception as exc:  # a bug in the tool, or a result json cannot encode: the step's error
+                reason, kind, retriable = f"{type(exc).__name__}: {exc}", "tool_error", False
+            if not retriable:
+                return Outcome(attempt, error=reason, error_kind=kind)
+            if attempt >= tool.max_attempts:
+                plural = "attempt" if attempt == 1 else "attempts"
+                return Outcome(attempt, error=f"failed after {attempt} {plural}: {reason}",
+                               error_kind=RETRIES_EXHAUSTED)
+            delay = tool.backoff(attempt)
+            log.info("tools: %s attempt %d of %d failed (%s); retrying in %.2f s", event.step_id, attempt,
+                     tool.max_attempts, reason, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+            await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
 
     async def _claim(self, event: ToolCallRequested, arguments: dict[str, Any]) -> asyncpg.Record | None:
         """Insert the running row; return the existing row when this step was seen before."""
@@ -83,28 +142,148 @@ class ToolService:
         if inserted is not None:
             return None
         return await self.pool.fetchrow(
-            "SELECT status, result::text AS result, error FROM tool_calls WHERE step_id = $1", event.step_id)
+            "SELECT status, result::text AS result, error, error_kind, attempts FROM tool_calls WHERE step_id = $1",
+            event.step_id)
 
-    async def _finish(self, event: ToolCallRequested, *, result: str | None = None, error: str | None = None) -> None:
+    async def _finish(self, event: ToolCallRequested, outcome: Outcome) -> None:
         await self.pool.execute(
-            """UPDATE tool_calls SET status = $2, result = $3::jsonb, error = $4, finished_at = now()
+            """UPDATE tool_calls SET status = $2, result = $3::jsonb, error = $4, error_kind = $5, attempts = $6,
+                                     finished_at = now()
                WHERE step_id = $1""",
-            event.step_id, "failed" if error else "succeeded", result, error)
+            event.step_id, "failed" if outcome.error is not None else "succeeded", outcome.result, outcome.error,
+            outcome.error_kind, outcome.attempts)
 
     async def _replay(self, ctx: Context, event: ToolCallRequested, started: float, row: asyncpg.Record) -> None:
         if row["status"] == "succeeded":
-            await self._reply(ctx, event, started, result=row["result"], replayed=True)
+            await self._reply(ctx, event, started, Outcome(row["attempts"], result=row["result"]), replayed=True)
         elif row["status"] == "failed":
-            await self._reply(ctx, event, started, error=row["error"], replayed=True)
+            outcome = Outcome(row["attempts"], error=row["error"], error_kind=row["error_kind"])
+            await self._reply(ctx, event, started, outcome, replayed=True)
+            if outcome.error_kind == RETRIES_EXHAUSTED:  # the first letter may not have been sent: same id again
+                await self._dead_letter(ctx, event, outcome.error or "")
         else:
             log.warning("tools: %s was interrupted mid-execution; not running it again", event.step_id)
-            await self._reply(ctx, event, started, replayed=True,
-                              error="interrupted: an earlier attempt started but did not finish; the tool was "
-                                    "not run again because its effects may already have happened")
+            await self._reply(ctx, event, started, Outcome(
+                row["attempts"], error_kind="interrupted",
+                error="interrupted: an earlier attempt started but did not finish; the tool was not run again "
+                      "because its effects may already have happened"), replayed=True)
 
-    async def _reply(self, ctx: Context, event: ToolCallRequested, started: float, *, result: str | None = None,
-                     error: str | None = None, replayed: bool = False) -> None:
+    async def _reply(self, ctx: Context, event: ToolCallRequested, started: float, outcome: Outcome, *,
+                     replayed: bool = False) -> None:
         await ctx.emit(self.runtime.topics.tool_results, ToolCallCompleted.build(
             run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
-            parent_step_id=event.parent_step_id, tool=event.tool, ok=error is None, result=result, error=error,
-            duration_ms=(time.perf_counter() - started) * 1000, replayed=replayed))
+            parent_step_id=event.parent_step_id, tool=event.tool, ok=outcome.error is None, result=outcome.result,
+            error=outcome.error, duration_ms=(time.perf_counter() - started) * 1000, replayed=replayed,
+            error_kind=outcome.error_kind, attempts=outcome.attempts))
+
+    async def _dead_letter(self, ctx: Context, event: ToolCallRequested, reason: str) -> None:
+        """The request, to the dead-letter topic, as the runtime would put it there — but from here, because
+        the handler answers the run as well and returns normally. The step id (hence the event id) is the
+        call's, so a letter re-sent on a redelivery is recognisably the same letter."""
+        record = ctx.record
+        await ctx.emit(ctx.topics.dlq, DeadLetter.build(
+            run_id=event.run_id, step=f"dlq:{event.step_id}", service=SERVICE, parent_step_id=event.step_id,
+            consumer=SERVICE, source_topic=record.topic, source_partition=record.partition,
+            source_offset=record.offset, key=record.key, value=self.runtime.codec.encode(event),
+            headers=record.headers, error_kind=RETRIES_EXHAUSTED, reason=reason[:4000]), key=event.run_id)
+
+
+class _ToolRunner(ServiceRunner):
+    """The tool service's consumer; stops the service's own retrieval consumer when it stops."""
+
+    def __init__(self, service: ToolService, config: ServiceConfig) -> None:
+        super().__init__(service.runtime, config, service.handle)
+        self.tool_service = service
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            await self.tool_service.close()
+
+
+class RetrievalWaiter:
+    """Lets a tool ask the retrieval service through events, as the planner does, and wait for the answer.
+
+    A request for tool step S is published as RetrievalRequested with step id ``S/retrieve`` (attempt:
+    the tool's attempt, so a retry is a new event the retrieval service does not drop as a duplicate) on
+    the retrieval requests topic, keyed by the run. One consumer per process, without a group, reads the
+    retrieval results topic from its end (positioned before the first request is published) and hands
+    each RetrievalCompleted to whoever waits for its step id. The planner's group reads that topic too
+    and drops these results: they are not its pending step (services/planner/service.py, ``_on_result``).
+    """
+
+    SUFFIX = "/retrieve"
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._waiting: dict[str, asyncio.Future[RetrievalCompleted]] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    def bind(self, event: ToolCallRequested, attempt: int):
+        """``ToolContext.retrieve`` for one attempt of one call."""
+
+        async def retrieve(query: str, k: int, collection: str, timeout_s: float) -> RetrievalCompleted:
+            return await self.ask(event, attempt, query=query, k=k, collection=collection, timeout_s=timeout_s)
+
+        return retrieve
+
+    async def ask(self, event: ToolCallRequested, attempt: int, *, query: str, k: int, collection: str,
+                  timeout_s: float) -> RetrievalCompleted:
+        await self._start()
+        step = event.step_id + self.SUFFIX
+        # Registered before the request is published, so the answer cannot come first; an answer to an
+        # earlier attempt that arrives now is as good as this attempt's.
+        waiter = self._waiting[step] = asyncio.get_running_loop().create_future()
+        request = RetrievalRequested.build(run_id=event.run_id, step=step, service=SERVICE, attempt=attempt,
+                                           parent_step_id=event.step_id, query=query, k=k, collection=collection)
+        try:
+            await (await self.runtime.send(self.runtime.topics.retrieval_requests, request))
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            raise ToolError(f"the retrieval service did not answer within {timeout_s:g} s", retriable=True) from None
+        finally:
+            if self._waiting.get(step) is waiter:
+                del self._waiting[step]
+
+    async def _start(self) -> None:
+        async with self._lock:
+            if self._consumer is not None:
+                return
+            settings = self.runtime.settings
+            consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
+                                        isolation_level="read_committed", fetch_max_wait_ms=100,
+                                        client_id="agentstream-tools-retrieval")
+            await consumer.start()
+            topic = self.runtime.topics.retrieval_results
+            tps = [TopicPartition(topic, p) for p in range(self.runtime.topics.partitions)]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, ends[tp])
+            self._consumer = consumer
+            self._task = asyncio.create_task(self._loop(consumer), name="tools-retrieval-results")
+
+    async def _loop(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for messages in batch.values():
+                for msg in messages:
+                    try:
+                        event = self.runtime.codec.decode(msg.value)
+                    except DecodeError:
+                        continue
+                    waiter = self._waiting.get(event.step_id) if isinstance(event, RetrievalCompleted) else None
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(event)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+        self._task = self._consumer = None

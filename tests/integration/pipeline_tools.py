@@ -19,3 +19,11 @@ async def effect(label: str, ctx: ToolContext) -> str:
 async def sleep(seconds: float) -> str:
     await asyncio.sleep(seconds)
     return f"slept {seconds} s"
+
+
+@tool(description="Move money (test): records the transfer; needs a person's approval.", requires_approval=True)
+async def transfer(amount: float, ctx: ToolContext) -> str:
+    assert ctx.pool is not None
+    await ctx.pool.execute("INSERT INTO test_effects (run_id, step_id, label) VALUES ($1, $2, $3)",
+                           ctx.run_id, ctx.step_id, f"transfer {amount}")
+    return f"transferred {amount}"

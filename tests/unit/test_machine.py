@@ -8,9 +8,12 @@ from datetime import UTC, datetime, timedelta
 from services.planner import machine
 from services.planner.state import RunState
 from streams.events import (
+    ApprovalDecided,
     InferenceCompleted,
     InferenceRequested,
+    Passage,
     RetrievalCompleted,
+    RetrievalRequested,
     RunCompleted,
     RunFailed,
     TaskSubmitted,
@@ -40,7 +43,9 @@ def _reply(state: RunState, text: str) -> InferenceCompleted:
 def test_start_asks_the_model_with_the_action_schema_and_tools():
     state = machine.start(_task(), [CALC], NOW)
     assert (state.status, state.pending_kind, state.pending_step_id, state.step_index) == ("running", "model", "r:0:model", 1)
-    (topic, request), (snap_topic, snapshot) = machine.outputs(state, TOPICS)
+    (prefetch_topic, prefetch), (topic, request), (snap_topic, snapshot) = machine.outputs(state, TOPICS)
+    assert prefetch_topic == TOPICS.retrieval_requests and prefetch.step_id == "r:prefetch"
+    assert prefetch.query == "What is 2 + 2?"  # the speculative retrieval starts with the model call
     assert topic == TOPICS.inference_requests and isinstance(request, InferenceRequested)
     branches = json.loads(request.response_schema)["anyOf"]
     assert [b["properties"]["action"]["const"] for b in branches] == ["tool", "retrieve", "final_answer"]
@@ -50,7 +55,7 @@ def test_start_asks_the_model_with_the_action_schema_and_tools():
 
 
 def test_model_tool_model_answer():
-    state = machine.start(_task(), [CALC], NOW)
+    state = machine.start(_task(prefetch=False), [CALC], NOW)
     state = machine.advance(state, _reply(state, '{"action":"tool","tool":"calculator","arguments":{"expression":"2+2"}}'), NOW)
     assert state.pending_kind == "tool" and state.pending_step_id == "r:1:tool"
     (_, request), _ = machine.outputs(state, TOPICS)
@@ -125,3 +130,75 @@ def test_max_steps_and_deadline():
 def test_state_json_round_trip():
     state = machine.start(_task(deadline=NOW + timedelta(minutes=1), metadata={"a": "b"}), [CALC], NOW)
     assert RunState.from_json(state.to_json()) == state
+
+
+def _passages(state: RunState, text: str = "Kafka compacts topics.") -> RetrievalCompleted:
+    return RetrievalCompleted.build(run_id="r", step="r:prefetch", service="retrieval",
+                                    passages=[Passage(id="7", text=text, score=0.9, source="doc.md")])
+
+
+def test_prefetch_ready_answers_a_matching_retrieval_at_once():
+    state = machine.start(_task(task="how does kafka compaction work"), [CALC], NOW)
+    later = NOW + timedelta(milliseconds=40)
+    assert machine.is_prefetch_result(state, _passages(state))
+    state = machine.prefetched(state, _passages(state), later)
+    assert state.prefetch == "ready" and state.status == "running" and state.pending_kind == "model"
+    asked = later + timedelta(milliseconds=100)
+    state = machine.advance(state, _reply(state, '{"action":"retrieve","query":"kafka compaction"}'), asked)
+    # The retrieval step (1) was answered from the prefetch in the same transition; the model is next.
+    assert state.prefetch == "used" and state.pending_kind == "model" and state.pending_step_id == "r:2:model"
+    assert state.prefetch_served == {"step_id": "r:1:retrieval", "step_index": 1, "query": "kafka compaction",
+                                     "saved_ms": 40.0, "waited": False}
+    assert "Kafka compacts topics." in state.messages[-1].content
+    assert not any(isinstance(e, RetrievalRequested) for _, e in machine.outputs(state, TOPICS))
+
+
+def test_prefetch_in_flight_is_waited_for_and_other_queries_search_anew():
+    state = machine.start(_task(task="how does kafka compaction work"), [CALC], NOW)
+    asked = NOW + timedelta(milliseconds=30)
+    waiting = machine.advance(state, _reply(state, '{"action":"retrieve","query":"kafka compaction"}'), asked)
+    assert waiting.pending_kind == "retrieval" and waiting.pending_request["prefetch"]
+    assert not any(isinstance(e, RetrievalRequested) for _, e in machine.outputs(waiting, TOPICS))
+    done = machine.prefetched(waiting, _passages(waiting), NOW + timedelta(milliseconds=50))
+    assert done.pending_kind == "model" and done.prefetch_served["saved_ms"] == 30.0
+    assert done.prefetch_served["waited"] is True
+
+    other = machine.advance(state, _reply(state, '{"action":"retrieve","query":"postgres vacuum tuning"}'), asked)
+    (_, request), _ = machine.outputs(other, TOPICS)
+    assert isinstance(request, RetrievalRequested) and request.query == "postgres vacuum tuning"
+
+
+def test_approval_pauses_then_approve_or_deny():
+    guarded = ToolInfo("wire_money", "Send money.", {"type": "object", "properties": {"amount": {"type": "number"}}},
+                       requires_approval=True)
+    state = machine.start(_task(tools=["wire_money"], prefetch=False), [guarded], NOW)
+    state = machine.advance(state, _reply(state, '{"action":"tool","tool":"wire_money","arguments":{"amount":5}}'), NOW)
+    assert state.status == "awaiting_approval" and state.pending_step_id == "r:1:tool"
+    assert [type(e).__name__ for _, e in machine.outputs(state, TOPICS)] == ["RunStateSnapshot"]  # nothing runs
+
+    def decision(ok: bool, step: str = "r:1:tool") -> ApprovalDecided:
+        return ApprovalDecided.build(run_id="r", step=step, service="client", approved=ok, reason="no way",
+                                     decided_by="ana")
+
+    assert machine.decide(state, decision(True, "r:9:tool"), NOW) is None  # not the waiting step
+    approved = machine.decide(state, decision(True), NOW)
+    (_, call), _ = machine.outputs(approved, TOPICS)
+    assert approved.status == "running" and isinstance(call, ToolCallRequested) and call.step_id == "r:1:tool"
+    denied = machine.decide(state, decision(False), NOW)
+    assert denied.pending_kind == "model" and "denied by a person: no way" in denied.messages[-1].content
+
+
+def test_tool_failure_policy():
+    def failed(state: RunState, exhausted: bool) -> ToolCallCompleted:
+        return ToolCallCompleted.build(run_id="r", step=state.pending_step_id, service="tools", tool="calculator",
+                                       ok=False, error="failed after 3 attempts" if exhausted else "bad arguments",
+                                       error_kind="retries_exhausted" if exhausted else "invalid_arguments")
+
+    for policy, exhausted, expect in [("fail_run", True, "failed"), ("fail_run", False, "running"),
+                                      ("tell_model", True, "running")]:
+        state = machine.start(_task(on_tool_error=policy, prefetch=False), [CALC], NOW)
+        state = machine.advance(state, _reply(state, '{"action":"tool","tool":"calculator","arguments":{}}'), NOW)
+        state = machine.advance(state, failed(state, exhausted), NOW)
+        assert state.status == expect, (policy, exhausted)
+        if expect == "failed":
+            assert state.error_code == "tool_failed"

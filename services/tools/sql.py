@@ -1,0 +1,174 @@
+"""``sql_query``: a read-only SQL query for the model, on what the ``agentstream_readonly`` role may read.
+
+The model writes the SQL, so the database, not this module, has to make it harmless. Migration
+0005_tool_roles.sql creates the role ``agentstream_readonly`` (SELECT on ``documents`` only) and the
+function ``agentstream_readonly_query(query, max_rows)``, SECURITY DEFINER and owned by that role. A
+call runs, on a connection of the service's pool:
+
+    BEGIN READ ONLY;
+    SET LOCAL ROLE agentstream_readonly; SET LOCAL statement_timeout = …;
+    SELECT agentstream_readonly_query($1, $2);   -- the model's SQL is a bound parameter
+    ROLLBACK;
+
+Why each piece:
+
+- **the SECURITY DEFINER function**, not only ``SET LOCAL ROLE``: with ``SET ROLE`` alone the model's
+  SQL can undo the role (``set_config('role', 'none', true)``) and then run dynamic SQL as the pool's
+  login (``ts_stat('select … from tool_calls')``, ``query_to_xml``): tested, it works. PostgreSQL
+  refuses to change ``role`` or ``session_authorization`` inside a SECURITY DEFINER function, so in
+  there the SQL stays ``agentstream_readonly`` whatever it calls;
+- **one statement only**: the function opens the SQL as a cursor (``FOR r IN EXECUTE``), which
+  PostgreSQL allows only for a single query that returns rows: ``select 1; drop …`` fails with
+  "cannot open multi-query plan as cursor", ``INSERT``/``CREATE`` with "cannot open … as cursor". The
+  SQL is never concatenated into another statement;
+- **READ ONLY transaction**: writes in data-modifying CTEs and functions (``nextval``, …) fail too;
+- **statement_timeout**: the whole function call is one protocol message, so the timer armed when it
+  starts cannot be disarmed by ``set_config('statement_timeout', …)`` inside it; the tool's own
+  timeout is the last resort;
+- **row limit**: the function stops after ``max_rows + 1`` rows (the extra one says "truncated");
+- **ROLLBACK** (never commit) and ``pg_advisory_unlock_all()``: the pool does not reset connections on
+  release (streams/db.py), so session state the SQL might leave — ``set_config(…, false)``, a
+  session advisory lock — is undone before the connection goes back. A call that is cancelled or fails
+  mid-way terminates its connection instead;
+- **JSON**: rows come back as ``to_json(row)``, so dates, numerics, uuids, bytea and vectors arrive as
+  JSON already (PostgreSQL's own rendering), with the columns in order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from services.tools.registry import Tool, ToolContext, ToolError, tool
+
+ROLE = "agentstream_readonly"
+FUNCTION = "agentstream_readonly_query"
+READABLE = ("documents",)
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SqlQueryConfig:
+    """Limits of ``sql_query``; the role and function come from migration 0005."""
+
+    statement_timeout_s: float = 5.0
+    max_rows: int = 100
+    #: Longest JSON result handed back; rows past it are dropped (``truncated`` says so).
+    max_result_chars: int = 20_000
+    max_query_chars: int = 10_000
+    role: str = ROLE
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.match(self.role):
+            raise ValueError(f"SqlQueryConfig: role {self.role!r} is not a plain lower-case identifier")
+        if self.statement_timeout_s <= 0 or self.max_rows < 1 or self.max_result_chars < 100:
+            raise ValueError("SqlQueryConfig: statement_timeout_s, max_rows and max_result_chars must be positive")
+
+
+async def run_query(pool: asyncpg.Pool, query: str, config: SqlQueryConfig) -> dict[str, Any]:
+    """Run ``query`` as described in the module docstring; PostgreSQL's refusals become ``ToolError``s."""
+    if not query.strip():
+        raise ToolError("the query is empty")
+    if len(query) > config.max_query_chars:
+        raise ToolError(f"the query is longer than {config.max_query_chars} characters")
+    timeout_ms = max(1, int(config.statement_timeout_s * 1000))
+    error: asyncpg.PostgresError | None = None
+    rows: list[asyncpg.Record] = []
+    async with pool.acquire() as conn:
+        clean = False
+        try:
+            transaction = conn.transaction(readonly=True)
+            await transaction.start()
+            try:
+                await conn.execute(f"SET LOCAL ROLE {config.role}; SET LOCAL statement_timeout = {timeout_ms}")
+                rows = await conn.fetch(f"SELECT {FUNCTION}($1, $2) AS row", query, config.max_rows)
+            except asyncpg.PostgresError as exc:
+                error = exc
+            await transaction.rollback()
+            await conn.execute("SELECT pg_advisory_unlock_all()")
+            clean = True
+        finally:
+            if not clean:  # cancelled or broken mid-way: whatever state the SQL left goes with the connection
+                conn.terminate()
+    if error is not None:
+        raise ToolError(_explain(error, config))
+    return _result([r["row"] for r in rows], config)
+
+
+def _explain(exc: asyncpg.PostgresError, config: SqlQueryConfig) -> str:
+    if isinstance(exc, asyncpg.QueryCanceledError):
+        return f"the query was cancelled after its time limit of {config.statement_timeout_s:g} s"
+    if isinstance(exc, asyncpg.InvalidCursorDefinitionError):
+        return f"only one read-only query (SELECT, WITH … SELECT, VALUES, TABLE) may run: {exc}"
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return f"the database is read-only for this tool: {exc}"
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return f"{exc}; this tool may read only: {', '.join(READABLE)}"
+    if isinstance(exc, asyncpg.UndefinedFunctionError) and FUNCTION in str(exc):
+        return "sql_query is not set up in this database (migration 0005_tool_roles has not run)"
+    return f"the query failed: {type(exc).__name__}: {exc}"
+
+
+def _number(text: str) -> float | str:
+    """A JSON number with a fraction: a float when the float says exactly the same, else the digits as a
+    string (a numeric(20,4) amount must not come back rounded)."""
+    value = float(text)
+    if math.isfinite(value) and Decimal(repr(value)) == Decimal(text):
+        return value
+    return text
+
+
+class _Columns(list):
+    """A row's (name, value) pairs, in order, duplicates kept (only the outer object of each row)."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Columns):
+        return {k: _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _result(raw_rows: list[str], config: SqlQueryConfig) -> dict[str, Any]:
+    """``{"columns", "rows", "row_count", "truncated"}`` within ``max_result_chars``."""
+    truncated = len(raw_rows) > config.max_rows
+    pairs = [json.loads(r, object_pairs_hook=_Columns, parse_float=_number, parse_constant=str)
+             for r in raw_rows[: config.max_rows]]
+    columns = [name for name, _ in pairs[0]] if pairs else []
+    rows = [[_plain(value) for _, value in row] for row in pairs]
+    budget = config.max_result_chars - len(json.dumps(columns)) - 80
+    size, kept = 0, 0
+    for row in rows:
+        size += len(json.dumps(row)) + 1
+        if size > budget:
+            truncated = True
+            break
+        kept += 1
+    return {"columns": columns, "rows": rows[:kept], "row_count": kept, "truncated": truncated}
+
+
+def sql_query_tool(config: SqlQueryConfig | None = None) -> Tool:
+    """The ``sql_query`` tool bound to ``config``."""
+    config = config or SqlQueryConfig()
+
+    @tool(name="sql_query",
+          description=f"Run one read-only SQL query (PostgreSQL) on the tables {', '.join(READABLE)}; returns "
+                      f"columns and at most {config.max_rows} rows. Name the columns you need "
+                      "(documents.embedding is large).",
+          timeout_s=config.statement_timeout_s + 2.0)
+    async def sql_query(query: str, ctx: ToolContext) -> dict[str, Any]:
+        if ctx.pool is None:
+            raise ToolError("sql_query needs a database pool")
+        return await run_query(ctx.pool, query, config)
+
+    return sql_query
+
+
+__all__ = ["SqlQueryConfig", "run_query", "sql_query_tool"]
