@@ -48,7 +48,13 @@ lint: venv
 # The benchmarks behind docs/benchmarks.md (each also takes --json).
 bench: venv
 	$(PY) bench/stack_cold_start.py
-	$(PY) bench/pipeline.py
+	$(PY) bench/pipeline.py --telemetry on
+	$(PY) bench/pipeline.py --telemetry off
+	$(PY) bench/faust_vs_runtime.py
+	$(PY) bench/inference.py
+	$(PY) bench/retrieval.py --quick
+	$(PY) bench/prefetch.py
+	$(PY) bench/replay.py
 
 clean: down
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -222,6 +222,7 @@ def main() -> None:
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
+        asyncio.run(topics.delete_all(settings.kafka_bootstrap))
 
     print(f"SmolLM2-135M on llama.cpp, {SLOTS} slots, {args.threads} thread(s), {max_tokens} tokens per request, "
           f"{rounds} round(s) per level")

@@ -15,7 +15,14 @@ Reports:
   of the same agent loop (planner state machine, scripted model, calculator) run in-process without
   Kafka or PostgreSQL.
 
-    .venv/bin/python bench/pipeline.py [--runs 1500] [--concurrency 20] [--layout split] [--json]
+Telemetry (``--telemetry on``, the default): every worker serves Prometheus metrics (its own port,
+scraped every 5 s by this script, as Prometheus would) and traces every run (``--trace-sample``, default
+1.0: every step is a span) to a JSON-lines file (``--trace-mode file``) or OTLP (``otlp``, to
+``OTEL_EXPORTER_OTLP_ENDPOINT``); the submitting client starts each run's root span. ``--telemetry off``:
+no metrics endpoint and no spans (the traceparent header is still carried).
+
+    .venv/bin/python bench/pipeline.py [--runs 1500] [--concurrency 20] [--layout split]
+                                       [--telemetry on|off|metrics|tracing] [--trace-mode file|otlp] [--trace-sample 1.0] [--json]
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 
 from services.inference.backends.base import ChatMessage
@@ -44,6 +52,9 @@ from streams.client import AgentClient
 from streams.config import Settings
 from streams.devstack.stack import DevStack
 from streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
+from streams.telemetry import tracing as telemetry_tracing
+from streams.telemetry.discovery import discover
+from streams.telemetry.tracing import Tracing
 from streams.tool_catalog import ToolInfo
 from streams.topics import Topics
 
@@ -100,7 +111,38 @@ async def submit_all(client: AgentClient, count: int, concurrency: int, offset: 
     return run_ids, time.perf_counter() - t0
 
 
-async def measure(settings: Settings, runs: int, concurrency: int) -> dict:
+async def scrape_metrics(settings: Settings, stop: asyncio.Event, interval_s: float = 5.0) -> int:
+    """What Prometheus would do: scrape every registered worker every ``interval_s``; returns scrapes."""
+    scrapes = 0
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            for url, _ in await discover(settings.database_url, settings.topic_prefix):
+                async with session.get(url) as response:
+                    await response.read()
+                    scrapes += response.status == 200
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except TimeoutError:
+                pass
+    return scrapes
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (Linux /proc), to compare CPU per step."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(settings: Settings, runs: int, concurrency: int, telemetry: bool = False,
+                  worker_pids: list[int] | None = None) -> dict:
+    stop_scraping = asyncio.Event()
+    scraper = asyncio.create_task(scrape_metrics(settings, stop_scraping)) if telemetry else None
     async with AgentClient(settings) as client:
         # Warm-up at the measured concurrency: connections, statement plans, and the broker's JIT
         # (a freshly started JVM is several times slower for its first tens of seconds).
@@ -111,7 +153,13 @@ async def measure(settings: Settings, runs: int, concurrency: int) -> dict:
             run_id = await client.submit(f"What is {i} * 2?", tools=["calculator"], max_steps=5)
             await client.wait(run_id, timeout=60)
             sequential.append((time.perf_counter() - t0) * 1000 / 3)
+        cpu0 = cpu_seconds(worker_pids or [])
         run_ids, wall = await submit_all(client, runs, concurrency, 100_000)
+        worker_cpu = cpu_seconds(worker_pids or []) - cpu0
+    scrapes = 0
+    if scraper is not None:
+        stop_scraping.set()
+        scrapes = await scraper
     conn = await asyncpg.connect(settings.database_url)
     try:
         rows = await conn.fetch(
@@ -125,12 +173,26 @@ async def measure(settings: Settings, runs: int, concurrency: int) -> dict:
         by_type.setdefault(r["event_type"], []).append(float(r["hop"]))
     return {"steps_per_s": 3 * runs / wall, "wall_s": wall, "hops": [float(r["hop"]) for r in rows],
             "made_to_consumed": [float(r["made"]) for r in rows], "by_type": by_type,
-            "sequential_step_ms": statistics.median(sequential)}
+            "sequential_step_ms": statistics.median(sequential), "scrapes": scrapes,
+            "worker_cpu_ms_per_step": 1000 * worker_cpu / (3 * runs)}
 
 
-def start_workers(settings: Settings, layout: str, log_dir: Path) -> list[subprocess.Popen]:
+def telemetry_env(mode: str, trace_mode: str, sample: float, trace_file: Path) -> dict[str, str]:
+    """The workers' telemetry settings: metrics on a port of each one's own, and/or tracing; or nothing."""
+    env = {"AGENTSTREAM_TRACING": "off", "AGENTSTREAM_METRICS_PORT": "off"}
+    if mode in ("on", "metrics"):
+        env.update({"AGENTSTREAM_METRICS_PORT": "0", "AGENTSTREAM_METRICS_HOST": "127.0.0.1"})
+    if mode in ("on", "tracing"):
+        env.update({"AGENTSTREAM_TRACING": trace_mode, "AGENTSTREAM_TRACE_FILE": str(trace_file),
+                    "AGENTSTREAM_TRACE_SAMPLE": str(sample)})
+    return env
+
+
+def start_workers(settings: Settings, layout: str, log_dir: Path,
+                  extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
-           "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions)}
+           "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions),
+           **(extra_env or {})}
     groups = {"single": [["all"]], "split": [["planner"], ["inference"], ["tools"], ["retrieval"]],
               "split2": [["planner"], ["planner"], ["inference"], ["tools"], ["retrieval"]]}[layout]
     procs = []
@@ -162,6 +224,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20, help="runs in flight")
     parser.add_argument("--layout", choices=["split", "split2", "single"], default="split",
                         help="one process per service (split) or `worker all` (single)")
+    parser.add_argument("--telemetry", choices=["on", "off", "metrics", "tracing"], default="on",
+                        help="metrics endpoints (scraped every 5 s) and tracing in every worker, or neither "
+                             "(metrics / tracing: one of the two, to attribute the cost)")
+    parser.add_argument("--trace-mode", choices=["file", "otlp"], default="file",
+                        help="with --telemetry on: spans to a JSON-lines file, or OTLP/HTTP")
+    parser.add_argument("--trace-sample", type=float, default=1.0, help="fraction of runs traced")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
 
@@ -169,10 +237,20 @@ def main() -> None:
     settings = replace(Settings.load(), kafka_bootstrap=status.kafka, database_url=status.database_url,
                        topic_prefix=f"bench{uuid.uuid4().hex[:6]}.")
     log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-    procs = start_workers(settings, args.layout, log_dir)
+    traced = args.telemetry in ("on", "tracing")
+    metered = args.telemetry in ("on", "metrics")
+    trace_file = log_dir / f"{settings.topic_prefix}traces.jsonl"
+    env = telemetry_env(args.telemetry, args.trace_mode, args.trace_sample, trace_file)
+    # This process submits: with tracing on, it starts each run's root span, as a traced client would.
+    client_telemetry = replace(settings.telemetry, tracing=args.trace_mode if traced else "off",
+                               trace_file=trace_file, sample=args.trace_sample)
+    client_tracing = Tracing.from_settings(client_telemetry)
+    telemetry_tracing.install(client_tracing)
+    procs = start_workers(settings, args.layout, log_dir, env)
     try:
         asyncio.run(wait_ready(settings))
-        result = asyncio.run(measure(settings, args.runs, args.concurrency))
+        result = asyncio.run(measure(settings, args.runs, args.concurrency, telemetry=metered,
+                                     worker_pids=[p.pid for p in procs]))
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -181,6 +259,7 @@ def main() -> None:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        asyncio.run(Topics(prefix=settings.topic_prefix, partitions=settings.partitions).delete_all(settings.kafka_bootstrap))
     baseline = in_process_steps_per_s(2000)
     hops = result["hops"]
     out = {
@@ -192,9 +271,22 @@ def main() -> None:
         "unloaded_step_ms": round(result["sequential_step_ms"], 2),
         "created_to_consumed_p50_ms": round(percentile(result["made_to_consumed"], 50), 2),
         "runs": args.runs, "concurrency": args.concurrency, "layout": args.layout,
+        "telemetry": args.telemetry, "trace_mode": args.trace_mode if traced else None,
+        "trace_sample": args.trace_sample if traced else None, "metrics_scrapes": result["scrapes"],
+        "worker_cpu_ms_per_step": round(result["worker_cpu_ms_per_step"], 3),
     }
-    print(f"{args.runs} runs x 3 steps, {args.concurrency} in flight, workers: {args.layout}")
+    if client_tracing is not None:
+        client_tracing.shutdown()  # flushes the root spans
+    spans = 0
+    if traced and args.trace_mode == "file" and trace_file.exists():
+        spans = sum(1 for _ in trace_file.open("rb"))
+        trace_file.unlink()
+    out["spans_written"] = spans
+    print(f"{args.runs} runs x 3 steps, {args.concurrency} in flight, workers: {args.layout}, telemetry "
+          f"{args.telemetry}" + (f" (metrics scraped {result['scrapes']}x)" if metered else "")
+          + (f" (tracing {args.trace_mode}, sample {args.trace_sample:g}: {spans} spans)" if traced else ""))
     print(f"  throughput        {out['steps_per_s']:>8} steps/s  ({result['wall_s']:.1f} s)")
+    print(f"  worker CPU        {out['worker_cpu_ms_per_step']:>8} ms per step (all worker processes)")
     made = result["made_to_consumed"]
     print(f"  hop latency       p50 {out['hop_p50_ms']} ms   p99 {out['hop_p99_ms']} ms   ({len(hops)} hops, "
           "sent → consumed)")

@@ -3,6 +3,11 @@
 Start-up order matters: topics and migrations first, then each service gets ready (model loaded,
 database reachable, tools registered), and only then do consumers join their groups, so no request
 is assigned to a member that cannot serve it yet.
+
+Telemetry: with a metrics port (``AGENTSTREAM_METRICS_PORT`` or ``WorkerOptions.metrics_port``), the
+worker serves ``/metrics``, ``/healthz`` and ``/readyz`` from the very start (so a probe sees "not
+ready" while the model loads), registers the address in PostgreSQL for ``agentstream top``, and samples
+consumer lag (and, in a planner's worker, the inference backlog in prompt tokens) periodically.
 """
 
 from __future__ import annotations
@@ -22,8 +27,15 @@ from services.tools.builtin import BuiltinConfig
 from streams import db, migrations
 from streams.codec import codec_for
 from streams.config import Settings
+from streams.events import default_instance
 from streams.outcomes import OutcomeWatcher
 from streams.runtime import Runtime, ServiceRunner, run_services
+from streams.telemetry import discovery
+from streams.telemetry.backlog import BacklogSampler
+from streams.telemetry.http import MetricsServer
+from streams.telemetry.lag import GroupOffsets, LagSampler, sample_forever
+from streams.telemetry.metrics import Metrics
+from streams.telemetry.tracing import Tracing
 from streams.tool_catalog import ToolCatalog, register
 from streams.topics import ensure_topics
 
@@ -40,6 +52,10 @@ class WorkerOptions:
     builtin: BuiltinConfig | None = None
     #: Overrides for every service's ServiceConfig (tests shorten session timeouts, for instance).
     service_overrides: dict[str, Any] = field(default_factory=dict)
+    #: Serve /metrics, /healthz, /readyz on this port (0: any free one); None: as the settings say.
+    metrics_port: int | None = None
+    #: The tracing to use instead of the one the settings describe (tests pass an in-memory one).
+    tracing: Tracing | None = None
 
 
 BACKENDS = {
@@ -78,7 +94,19 @@ class Worker:
         self.names = list(names)
         self.settings = settings or Settings.load()
         self.options = options or WorkerOptions()
-        self.runtime = Runtime(self.settings, codec_for(self.settings))
+        telemetry = self.settings.telemetry
+        port = self.options.metrics_port if self.options.metrics_port is not None else telemetry.metrics_port
+        self.metrics: Metrics | None = Metrics() if port is not None else None
+        self.metrics_server: MetricsServer | None = None
+        if self.metrics is not None:
+            self.metrics.info.info({"services": ",".join(self.names), "instance": default_instance(),
+                                    "topic_prefix": self.settings.topic_prefix})
+            self.metrics_server = MetricsServer(self.metrics.registry, self.readiness, host=telemetry.metrics_host,
+                                                port=port or 0, advertise=telemetry.metrics_advertise)
+        runtime_options: dict[str, Any] = {"metrics": self.metrics}
+        if self.options.tracing is not None:
+            runtime_options["tracing"] = self.options.tracing
+        self.runtime = Runtime(self.settings, codec_for(self.settings), **runtime_options)
         self.pool: asyncpg.Pool | None = None
         self.writer: asyncpg.Pool | None = None
         self.backend: Backend | None = None
@@ -87,33 +115,66 @@ class Worker:
         self.runners: list[ServiceRunner] = []
         self.planner = None
         self._background: list[asyncio.Task] = []
+        self._phase = "starting"
+        self._started = False
+        self._offsets: GroupOffsets | None = None
+        self._telemetry_stop = asyncio.Event()
+        self.backlog: BacklogSampler | None = None
+        self.lag: LagSampler | None = None
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once start() finished (model loaded, database reachable, tools registered) and every
+        service's consumer joined its group; otherwise why not (``/readyz``)."""
+        if not self._started:
+            return False, self._phase
+        stopping = [r.config.name for r in self.runners if r.stopping]
+        if stopping:
+            return False, f"stopping: {', '.join(stopping)}"
+        waiting = [r.config.name for r in self.runners if not r.joined]
+        if waiting:
+            return False, f"joining consumer groups: {', '.join(waiting)}"
+        return True, "ready"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.metrics_server.url if self.metrics_server is not None else None
 
     async def start(self) -> None:
         """Everything up to (not including) joining the consumer groups."""
         s = self.settings
+        if self.metrics_server is not None:
+            await self.metrics_server.start()  # first: probes get "not ready", not "connection refused"
+        self._phase = "creating topics and applying migrations"
         await ensure_topics(s.kafka_bootstrap, self.runtime.topics.specs())
         await migrations.migrate(s.database_url)
+        self._phase = "connecting to PostgreSQL"
         self.pool = await db.create_pool(s.database_url, min_size=1, max_size=10)
         await self.runtime.start()
+        if self.metrics_server is not None:
+            await discovery.register(self.pool, self._worker_id, self.names, self.metrics_server.url,
+                                     s.topic_prefix)
         overrides = {"session_timeout_ms": s.session_timeout_ms,
                      "heartbeat_interval_ms": max(100, s.session_timeout_ms // 10),
-                     **self.options.service_overrides}
+                     "fetch_max_wait_ms": s.fetch_max_wait_ms, **self.options.service_overrides}
         if "tools" in self.names:
             from services.tools.builtin import tools_for
             from services.tools.service import ToolService
 
+            self._phase = "registering tools"
             tools = tools_for(self.options.tool_modules, self.options.builtin)
             await register(self.pool, [t.info() for t in tools], worker=self.runtime.topics.group("tools"))
             self.runners.append(ToolService(self.runtime, self.pool, tools).service(**overrides))
         if "retrieval" in self.names:
             from services.retrieval.service import RetrievalService
 
+            self._phase = "loading the embedding model"
             retrieval = RetrievalService(self.runtime, self.pool)
             await retrieval.start()  # the embedding model loads before the group is joined
             self.runners.append(retrieval.service(**overrides))
         if "inference" in self.names:
             from services.inference.service import InferenceService
 
+            self._phase = f"loading the model ({self.options.backend})"
             self.backend = make_backend(self.options.backend, **self.options.backend_options)
             await self.backend.start()  # load the model before joining: no cold requests
             self.inference = inference = InferenceService(self.runtime, self.backend)
@@ -128,11 +189,44 @@ class Worker:
             self.writer = await db.create_pool(s.database_url, min_size=2, max_size=2)
             self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer), ToolCatalog(self.pool))
             self.runners.append(self.planner.service(**overrides))
+        self._phase = "joining consumer groups"
+        self._started = True
+
+    @property
+    def _worker_id(self) -> str:
+        return default_instance() if self.metrics_server is None else f"{default_instance()}:{self.metrics_server.port}"
+
+    def _start_telemetry(self) -> None:
+        """Periodic samplers (lag; the inference backlog in a planner's worker) and the registration
+        heartbeat: background tasks that stop with the worker."""
+        if self.metrics is None:
+            return
+        s = self.settings
+        self._offsets = GroupOffsets(s.kafka_bootstrap, f"agentstream-telemetry-{default_instance()}")
+        self.lag = LagSampler(self._offsets, self.runners, self.metrics)
+        interval = s.telemetry.sample_interval_s
+        samplers = [("consumer lag", self.lag.sample)]
+        if self.planner is not None:
+            planner = self.planner
+            topics = self.runtime.topics
+            self.backlog = BacklogSampler(self._offsets, topics.inference_requests, topics.group("inference"),
+                                          lambda: set(planner.assigned), self.metrics)
+            samplers.append(("inference backlog", self.backlog.sample))
+
+        async def run_samplers() -> None:
+            await self._offsets.start()
+            await asyncio.gather(*(sample_forever(name, fn, interval, self._telemetry_stop) for name, fn in samplers))
+
+        self._background.append(asyncio.create_task(run_samplers(), name="telemetry-samplers"))
+        if self.pool is not None:
+            self._background.append(asyncio.create_task(
+                discovery.heartbeat(self.pool, self._worker_id, self._telemetry_stop), name="telemetry-heartbeat"))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Join the groups and process until ``stop`` is set; then shut down gracefully."""
         if self.planner is not None:
             self._background.append(asyncio.create_task(self.planner.run_deadlines(stop)))
+        self._start_telemetry()
         try:
             await run_services(self.runners, stop)
         finally:
@@ -145,6 +239,17 @@ class Worker:
         await asyncio.gather(*(r.wait_joined(timeout) for r in self.runners))
 
     async def close(self) -> None:
+        self._telemetry_stop.set()
+        self._started = False
+        self._phase = "stopping"
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
+            if self.pool is not None:
+                await discovery.unregister(self.pool, self._worker_id)
+        if self._offsets is not None:
+            await self._offsets.stop()
+        if self.runtime.tracing is not None:
+            self.runtime.tracing.force_flush()
         for runner in self.runners:
             log.info("%s: %s", runner.config.name, runner.stats)
         if self.planner is not None:

@@ -10,12 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from streams.errors import AgentStreamError
+from streams.replay.cli import app as replay_app
 
 app = typer.Typer(help="agentstream: AI agents as event streams on Apache Kafka.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 dev = typer.Typer(help="The local development stack: Kafka (KRaft) and PostgreSQL + pgvector.",
                   no_args_is_help=True)
 app.add_typer(dev, name="dev")
+app.add_typer(replay_app, name="replay")
 
 console = Console()
 err = Console(stderr=True)
@@ -272,6 +274,8 @@ def worker(
     tools_module: list[str] = typer.Option(None, "--tools", help="Module(s) of @tool functions to serve "
                                                                   "(default: the built-ins)."),
     log_level: str = typer.Option("INFO", help="Python log level."),
+    metrics_port: int = typer.Option(None, help="Serve /metrics, /healthz, /readyz on this port (0: any free "
+                                                "port; default: AGENTSTREAM_METRICS_PORT, else off)."),
 ) -> None:
     """Run one service (or all four) until interrupted."""
     import dataclasses
@@ -297,8 +301,34 @@ def worker(
     if http_allow:
         builtin = dataclasses.replace(builtin, http_get=HttpGetConfig.parse_hosts(http_allow))
     options = WorkerOptions(backend=backend, backend_options=backend_options, builtin=builtin,
-                            tool_modules=tuple(tools_module) if tools_module else ("services.tools.builtin",))
+                            tool_modules=tuple(tools_module) if tools_module else ("services.tools.builtin",),
+                            metrics_port=metrics_port)
     run_async(serve(names, options))
+
+
+@app.command()
+def top(
+    endpoints: str = typer.Option(None, help="Metrics endpoints host:port,… (default: the workers registered "
+                                             "in PostgreSQL under this topic prefix)."),
+    interval: float = typer.Option(2.0, help="Seconds between scrapes (rates are over this interval)."),
+    once: bool = typer.Option(False, "--once", help="Print one snapshot and exit."),
+) -> None:
+    """Live dashboard of the workers: steps/s by service, runs/s, lag, backlog, TTFT, tokens/s, errors."""
+    from streams.telemetry.top import top_command
+
+    top_command(endpoints=endpoints, interval=interval, once=once)
+
+
+@app.command()
+def alerts(
+    log_level: str = typer.Option("info", help="faust worker log level."),
+    from_start: bool = typer.Option(False, "--from-start", help="Judge the retained history too, not only "
+                                                                 "new events."),
+) -> None:
+    """Raise alerts (slow thinking, tool failure rate, lag) as events on agent.alerts and log lines."""
+    from services.alerts.app import run_alerts
+
+    run_alerts(loglevel=log_level, from_start=from_start)
 
 
 @app.command()

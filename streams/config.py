@@ -74,6 +74,12 @@ class Settings:
     schema_registry_url: str | None = None
     #: How long the group waits for a silent member (a killed worker) before moving its partitions.
     session_timeout_ms: int = 10_000
+    #: How long a service consumer's fetch waits for new records. aiokafka keeps one fetch in flight per
+    #: broker, and a partition just drained waits for it to return: this bounds that wait (a hop's tail
+    #: latency) against idle fetch requests (docs/benchmarks.md).
+    fetch_max_wait_ms: int = 100
+    #: Tracing, metrics and health endpoints (all off unless configured).
+    telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings())
 
     @classmethod
     def load(cls, paths: StackPaths | None = None) -> Settings:
@@ -96,7 +102,159 @@ class Settings:
             partitions=_positive_int("AGENTSTREAM_PARTITIONS", 8),
             schema_registry_url=os.environ.get("AGENTSTREAM_SCHEMA_REGISTRY_URL") or None,
             session_timeout_ms=_positive_int("AGENTSTREAM_SESSION_TIMEOUT_MS", 10_000),
+            fetch_max_wait_ms=_positive_int("AGENTSTREAM_FETCH_MAX_WAIT_MS", 100),
+            telemetry=TelemetrySettings.load(paths),
         )
+
+
+TRACING_MODES = ("off", "file", "otlp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetrySettings:
+    """Tracing and metrics. Everything is off by default, so a worker that nobody observes pays nothing.
+
+    - ``tracing``: ``off`` (no spans; the ``traceparent`` header is still carried), ``file`` (JSON lines
+      to ``trace_file``, for local debugging) or ``otlp`` (OTLP over HTTP/protobuf to ``otlp_endpoint``);
+    - ``sample``: the fraction of runs traced (``ParentBased(TraceIdRatio)``: decided once, at submit);
+    - ``metrics_port``: where ``/metrics``, ``/healthz`` and ``/readyz`` are served; None is off, 0 any
+      free port (registered in PostgreSQL, so ``agentstream top`` still finds it).
+    """
+
+    tracing: str = "off"
+    trace_file: Path | None = None
+    otlp_endpoint: str = "http://localhost:4318/v1/traces"
+    sample: float = 1.0
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    #: The host name other machines reach this worker's metrics at (default: this host's name).
+    metrics_advertise: str | None = None
+    #: How often consumer lag and the inference backlog are sampled (never per message).
+    sample_interval_s: float = 5.0
+    service_name: str = "agentstream"
+
+    @property
+    def tracing_enabled(self) -> bool:
+        return self.tracing != "off"
+
+    def trace_path(self, paths: StackPaths | None = None) -> Path:
+        return self.trace_file or (paths or StackPaths.from_env()).state_dir / "traces.jsonl"
+
+    @classmethod
+    def load(cls, paths: StackPaths | None = None) -> TelemetrySettings:
+        """``AGENTSTREAM_TRACING``, ``AGENTSTREAM_TRACE_FILE``, ``AGENTSTREAM_TRACE_SAMPLE``,
+        ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``,
+        ``AGENTSTREAM_METRICS_PORT`` / ``_HOST`` / ``_ADVERTISE``, ``AGENTSTREAM_TELEMETRY_INTERVAL_S``."""
+        mode = os.environ.get("AGENTSTREAM_TRACING", "off").strip().lower() or "off"
+        if mode not in TRACING_MODES:
+            raise ConfigError(f"AGENTSTREAM_TRACING={mode!r} must be one of {', '.join(TRACING_MODES)}")
+        file = os.environ.get("AGENTSTREAM_TRACE_FILE", "").strip()
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        if not endpoint:
+            base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+            endpoint = base.rstrip("/") + "/v1/traces" if base else "http://localhost:4318/v1/traces"
+        port_raw = os.environ.get("AGENTSTREAM_METRICS_PORT", "").strip().lower()
+        port: int | None = None
+        if port_raw not in ("", "off", "none"):
+            if not port_raw.isdigit() or int(port_raw) > 65535:
+                raise ConfigError(f"AGENTSTREAM_METRICS_PORT={port_raw!r} is not a TCP port number (0: any free port)")
+            port = int(port_raw)
+        return cls(
+            tracing=mode,
+            trace_file=Path(file).expanduser() if file else (paths.state_dir / "traces.jsonl" if paths else None),
+            otlp_endpoint=endpoint,
+            sample=_fraction("AGENTSTREAM_TRACE_SAMPLE", 1.0),
+            metrics_port=port,
+            metrics_host=os.environ.get("AGENTSTREAM_METRICS_HOST", "").strip() or "0.0.0.0",
+            metrics_advertise=os.environ.get("AGENTSTREAM_METRICS_ADVERTISE", "").strip() or None,
+            sample_interval_s=_positive_float("AGENTSTREAM_TELEMETRY_INTERVAL_S", 5.0),
+            service_name=os.environ.get("OTEL_SERVICE_NAME", "").strip() or "agentstream",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertSettings:
+    """Thresholds of the alerting app (services/alerts). Durations in seconds."""
+
+    #: A model step ("thinking time": InferenceCompleted.duration_ms) slower than this raises slow_model_step.
+    model_step_s: float = 30.0
+    #: A tool call slower than its threshold raises slow_tool; per-tool overrides by name.
+    tool_slow_s: float = 10.0
+    tool_slow_overrides: dict[str, float] = field(default_factory=dict)
+    #: Failed calls / calls of one tool over a window at or above this (with at least min_calls) alert.
+    tool_failure_rate: float = 0.5
+    tool_min_calls: int = 5
+    #: Tumbling window of the rate and slow-call aggregations (one alert per kind, subject and window).
+    window_s: float = 60.0
+    #: Records a consumer group is behind (committed versus end offsets, per topic) before consumer_lag.
+    lag_records: int = 1000
+    lag_interval_s: float = 15.0
+    #: Results older than this when the app reads them (a restart, a backlog) do not alert.
+    max_age_s: float = 300.0
+
+    def tool_threshold_s(self, tool: str) -> float:
+        return self.tool_slow_overrides.get(tool, self.tool_slow_s)
+
+    @classmethod
+    def load(cls) -> AlertSettings:
+        """``AGENTSTREAM_ALERT_*``; ``AGENTSTREAM_ALERT_TOOL_SLOW_S`` is a default and per-tool overrides:
+        ``10,http_get=5,sql_query=2``."""
+        default, overrides = _threshold_spec("AGENTSTREAM_ALERT_TOOL_SLOW_S", 10.0)
+        return cls(
+            model_step_s=_positive_float("AGENTSTREAM_ALERT_MODEL_STEP_S", 30.0),
+            tool_slow_s=default, tool_slow_overrides=overrides,
+            tool_failure_rate=_fraction("AGENTSTREAM_ALERT_TOOL_FAILURE_RATE", 0.5),
+            tool_min_calls=_positive_int("AGENTSTREAM_ALERT_TOOL_MIN_CALLS", 5),
+            window_s=_positive_float("AGENTSTREAM_ALERT_WINDOW_S", 60.0),
+            lag_records=_positive_int("AGENTSTREAM_ALERT_LAG", 1000),
+            lag_interval_s=_positive_float("AGENTSTREAM_ALERT_LAG_INTERVAL_S", 15.0),
+            max_age_s=_positive_float("AGENTSTREAM_ALERT_MAX_AGE_S", 300.0),
+        )
+
+
+def _positive_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be a positive number")
+    return value
+
+
+def _fraction(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name}={raw!r} must be a number between 0 and 1")
+    return value
+
+
+def _threshold_spec(name: str, default: float) -> tuple[float, dict[str, float]]:
+    """``"10,http_get=5"`` → (10.0, {"http_get": 5.0}); a part without ``=`` is the default."""
+    raw = os.environ.get(name, "").strip()
+    overrides: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        key, eq, value = part.partition("=")
+        try:
+            number = float(value if eq else key)
+        except ValueError:
+            number = -1.0
+        if not number > 0:
+            raise ConfigError(f"{name}: {part!r} must be SECONDS or TOOL=SECONDS with a positive number")
+        if eq:
+            overrides[key.strip()] = number
+        else:
+            default = number
+    return default, overrides
 
 
 def _positive_int(name: str, default: int) -> int:

@@ -276,11 +276,32 @@ class DeadLetter(Event):
         return None if self.step_id else "step_id is empty"
 
 
+@dataclass(frozen=True, kw_only=True)
+class AlertRaised(Event):
+    """A threshold crossed (``agent.alerts``, raised by services/alerts). ``run_id``/``step_id`` name the
+    step that crossed it when there is one (a slow tool call); aggregate alerts have an empty run id."""
+
+    schema_name: ClassVar[str] = _NS + "AlertRaised"
+    kind: str
+    severity: str = "warning"
+    subject: str
+    value: float
+    threshold: float
+    unit: str
+    count: int = 0
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    message: str
+
+    def problem(self) -> str | None:
+        return None if self.step_id else "step_id is empty"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.schema_name: cls
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
                 RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
-                ApprovalDecided, RunCompleted, RunFailed, DeadLetter)
+                ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised)
 }
 
 _RECORDS = (Producer, Message, Passage)

@@ -12,6 +12,11 @@ Guarantees (see docs/architecture.md):
   dead-letter topic with the reason, and the service carries on;
 - on shutdown or revocation, in-flight records get ``shutdown_grace_s`` to finish; the rest are
   cancelled uncommitted (the next owner redoes them), done offsets are committed, the group is left.
+
+Telemetry (``streams/telemetry/``) hooks in here: with tracing on, handling a record is one span
+(``"{service} {EventType}"``), child of the record's ``traceparent`` header, and every event the handler
+emits carries that span's context; with metrics on, each record observes its handling time and queue
+wait on precreated label children. Both are ``None`` checks when off.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +38,11 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from streams import tracing
 from streams.codec import Codec, DecodeError
 from streams.config import Settings
-from streams.events import DeadLetter, Event
+from streams.events import DeadLetter, Event, InferenceRequested
 from streams.offsets import OffsetTracker
+from streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
+from streams.telemetry.metrics import Metrics, ServiceMetrics
+from streams.telemetry.tracing import Tracing, tracing_for
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -69,6 +78,7 @@ class ServiceConfig:
     commit_interval_s: float = 0.05
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
+    fetch_max_wait_ms: int = 100
     shutdown_grace_s: float = 10.0
     dedup_capacity: int = 100_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -83,12 +93,20 @@ def is_retriable(exc: BaseException) -> bool:
                             TimeoutError))
 
 
-class Runtime:
-    """What the services of one process share: settings, topics, the codec and one producer."""
+_FROM_SETTINGS: object = object()
 
-    def __init__(self, settings: Settings, codec: Codec, *, linger_ms: int = 0) -> None:
+
+class Runtime:
+    """What the services of one process share: settings, topics, the codec and one producer — and the
+    process's telemetry: ``tracing`` (default: as the settings say) and ``metrics`` (default: none)."""
+
+    def __init__(self, settings: Settings, codec: Codec, *, linger_ms: int = 0,
+                 tracing: Tracing | object | None = _FROM_SETTINGS, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.codec = codec
+        self.tracing: Tracing | None = (tracing_for(settings.telemetry, settings.paths)
+                                        if tracing is _FROM_SETTINGS else tracing)  # type: ignore[assignment]
+        self.metrics = metrics
         self.topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
@@ -109,10 +127,30 @@ class Runtime:
     async def send(self, topic: str, event: Event, *, key: str | None = None,
                    headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future:
         """Queue ``event`` for ``topic`` (keyed by its run unless ``key`` says otherwise); the returned
-        future resolves when the broker has acknowledged it."""
+        future resolves when the broker has acknowledged it.
+
+        Without a ``traceparent`` in ``headers``, the event joins the trace of the record being handled
+        in this task (if any). A model request carries its estimated prompt tokens (the backlog signal
+        autoscaling reads, ``streams/telemetry/backlog.py``)."""
         hdrs = [(TYPE_HEADER, type(event).__name__.encode()), *headers]
-        return await self.producer.send(topic, self.codec.encode(event),
-                                        key=(key if key is not None else event.run_id).encode(), headers=hdrs)
+        traceparent = next((v for k, v in headers if k == tracing.HEADER), None)
+        if traceparent is None:
+            current = tracing.CURRENT.get()
+            if current is not None:
+                hdrs.append((tracing.HEADER, current.encode()))
+        if type(event) is InferenceRequested:
+            hdrs.append((PROMPT_TOKENS_HEADER, b"%d" % estimate_prompt_tokens(event)))
+        future = await self.producer.send(topic, self.codec.encode(event),
+                                          key=(key if key is not None else event.run_id).encode(), headers=hdrs)
+        tr = self.tracing
+        if traceparent is not None and tr is not None and tr.has_pending_roots:
+            root = tr.claim_root(traceparent.decode(errors="replace"))
+            if root is not None:  # the client's submit: the run's root span ends when the task is acked
+                root.update_name(f"submit {type(event).__name__}")
+                root.set_attributes({"agentstream.run_id": event.run_id, "agentstream.step_id": event.step_id,
+                                     "messaging.system": "kafka", "messaging.destination.name": topic})
+                future.add_done_callback(lambda _f: root.end())
+        return future
 
 
 @dataclass
@@ -138,13 +176,23 @@ class Record:
 
 
 class Context:
-    """Handed to a handler with each event: emit outputs, read where the event came from."""
+    """Handed to a handler with each event: emit outputs, read where the event came from.
 
-    def __init__(self, runtime: Runtime, service: str, record: Record) -> None:
+    ``traceparent`` is the handled record's; ``out_traceparent`` is what the events it emits carry (the
+    handling span's context, or a child id of the same trace when tracing is off); ``span`` is the
+    handling span (None when tracing is off or outside the runtime) for handlers to add attributes to.
+    """
+
+    def __init__(self, runtime: Runtime, service: str, record: Record, *, out_traceparent: str | None = None,
+                 span: object | None = None, metrics: ServiceMetrics | None = None) -> None:
         self.runtime = runtime
         self.service = service
         self.record = record
         self.traceparent = (record.headers.get(tracing.HEADER) or b"").decode() or None
+        self.out_traceparent = out_traceparent or tracing.child_of(self.traceparent)
+        self.span = span
+        self._metrics = metrics
+        self._source: bytes | None = None
         self._pending: list[asyncio.Future] = []
 
     @property
@@ -154,9 +202,12 @@ class Context:
     async def emit(self, topic: str, event: Event, *, key: str | None = None,
                    traceparent: str | None = None) -> None:
         """Publish ``event`` now; the record is not done until the broker acknowledged it."""
-        headers = [(tracing.HEADER, (traceparent or tracing.child_of(self.traceparent)).encode()),
-                   (SOURCE_HEADER, self.record.source.encode())]
+        if self._source is None:
+            self._source = self.record.source.encode()
+        headers = [(tracing.HEADER, (traceparent or self.out_traceparent).encode()), (SOURCE_HEADER, self._source)]
         self._pending.append(await self.runtime.send(topic, event, key=key, headers=headers))
+        if self._metrics is not None:
+            self._metrics.emitted(type(event)).inc()
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -215,6 +266,19 @@ class ServiceRunner:
         self.consumer: AIOKafkaConsumer | None = None
         self.stats = {"processed": 0, "dead_lettered": 0, "duplicates": 0, "retries": 0}
         self._failure: BaseException | None = None
+        self._tracing = runtime.tracing
+        self._metrics: ServiceMetrics | None = (
+            runtime.metrics.service(config.name, lambda: self.tracker.in_flight) if runtime.metrics else None)
+
+    @property
+    def joined(self) -> bool:
+        """Partitions were assigned to this member (its readiness, with the service's own)."""
+        return self._joined.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        """``stop()`` was called, or the service failed: not ready any more."""
+        return self._stopping.is_set()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -224,7 +288,7 @@ class ServiceRunner:
             bootstrap_servers=self.runtime.settings.kafka_bootstrap, group_id=cfg.group_id,
             enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
             max_poll_records=cfg.max_poll_records, session_timeout_ms=cfg.session_timeout_ms,
-            heartbeat_interval_ms=cfg.heartbeat_interval_ms, fetch_max_wait_ms=100,
+            heartbeat_interval_ms=cfg.heartbeat_interval_ms, fetch_max_wait_ms=cfg.fetch_max_wait_ms,
             client_id=f"agentstream-{cfg.name}",
         )
         await self.consumer.start()
@@ -327,6 +391,11 @@ class ServiceRunner:
         self.tracker.done(tp, record.offset)
 
     async def _handle(self, record: Record, value: bytes | None) -> None:
+        metrics = self._metrics
+        started = time.perf_counter()
+        queue_wait = time.time() - record.timestamp_ms / 1000
+        if metrics is not None:
+            metrics.queue_wait.observe(queue_wait if queue_wait > 0 else 0.0)
         try:
             event = self.runtime.codec.decode(value)
         except DecodeError as exc:
@@ -336,29 +405,58 @@ class ServiceRunner:
             return
         if event.event_id in self.dedup:
             self.stats["duplicates"] += 1
+            if metrics is not None:
+                metrics.duplicates.inc()
             return
+        event_type = type(event).__name__
+        span = None
+        out_traceparent = None
+        if self._tracing is not None:
+            # None when the run is not sampled; the service (hence its consumer group) and the event
+            # type are in the span's name.
+            parent = record.headers.get(tracing.HEADER, b"").decode(errors="replace") or None
+            span, out_traceparent = self._tracing.start_record_span(self.config.name, event_type, parent, {
+                "agentstream.run_id": event.run_id, "agentstream.step_id": event.step_id,
+                "agentstream.queue_wait_ms": queue_wait * 1000, "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": record.partition, "messaging.kafka.offset": record.offset})
         policy = self.config.retry
         attempt = 1
-        while True:
-            ctx = Context(self.runtime, self.config.name, record)
-            try:
-                await self.handler(event, ctx)
-                await ctx.flush()
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                retriable = is_retriable(exc) or isinstance(exc, KafkaError)
-                if retriable and attempt < policy.max_attempts:
-                    self.stats["retries"] += 1
-                    log.info("%s: retrying %s (attempt %d): %s", self.config.name, event.step_id, attempt, exc)
-                    await asyncio.sleep(policy.delay(attempt))
-                    attempt += 1
-                    continue
-                kind = "retries_exhausted" if retriable else "handler_error"
-                log.exception("%s: %s on %s", self.config.name, kind, event.step_id)
-                await self._dead_letter(record, value, kind, f"{type(exc).__name__}: {exc}", run_id=event.run_id)
-                break
+        try:
+            while True:
+                ctx = Context(self.runtime, self.config.name, record, out_traceparent=out_traceparent, span=span,
+                              metrics=metrics)
+                tracing.CURRENT.set(ctx.out_traceparent)  # this task's: sends without a header join the trace
+                try:
+                    await self.handler(event, ctx)
+                    await ctx.flush()
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if metrics is not None:
+                        metrics.errors.inc()
+                    retriable = is_retriable(exc) or isinstance(exc, KafkaError)
+                    if retriable and attempt < policy.max_attempts:
+                        self.stats["retries"] += 1
+                        if metrics is not None:
+                            metrics.retries.inc()
+                        log.info("%s: retrying %s (attempt %d): %s", self.config.name, event.step_id, attempt, exc)
+                        await asyncio.sleep(policy.delay(attempt))
+                        attempt += 1
+                        continue
+                    kind = "retries_exhausted" if retriable else "handler_error"
+                    log.exception("%s: %s on %s", self.config.name, kind, event.step_id)
+                    if span is not None:
+                        Tracing.fail(span, f"{kind}: {type(exc).__name__}: {exc}")
+                    await self._dead_letter(record, value, kind, f"{type(exc).__name__}: {exc}", run_id=event.run_id)
+                    break
+        finally:
+            if span is not None:
+                if attempt > 1 or event.attempt:
+                    span.set_attributes({"agentstream.attempts": attempt, "agentstream.attempt": event.attempt})
+                span.end()
+        if metrics is not None:
+            metrics.handled(event_type).observe(time.perf_counter() - started)
         self.dedup.add(event.event_id)
         self.stats["processed"] += 1
 
@@ -382,6 +480,8 @@ class ServiceRunner:
                 log.warning("%s: dead-letter publish failed (%s); retrying", self.config.name, exc)
                 await asyncio.sleep(self.config.retry.delay(attempt))
         self.stats["dead_lettered"] += 1
+        if self._metrics is not None:
+            self._metrics.dead_letter(kind).inc()
 
     # -- commits and rebalances ----------------------------------------------------------------
     async def _commit_loop(self) -> None:

@@ -140,8 +140,11 @@ class TransitionStore:
         """The run's state JSON, or None for a run never recorded."""
         return await self.pool.fetchval("SELECT state::text FROM runs WHERE run_id = $1", run_id)
 
-    async def active_states(self) -> list[str]:
-        rows = await self.pool.fetch("SELECT state::text AS s FROM runs WHERE status NOT IN ('completed', 'failed')")
+    async def active_states(self, topic_prefix: str = "") -> list[str]:
+        """The unfinished runs of the pipeline on ``topic_prefix`` (replays and tests share the database)."""
+        rows = await self.pool.fetch(
+            "SELECT state::text AS s FROM runs WHERE status NOT IN ('completed', 'failed')"
+            " AND coalesce(state->>'topic_prefix', '') = $1", topic_prefix)
         return [r["s"] for r in rows]
 
     async def write(self, transition: Transition) -> None:

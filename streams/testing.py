@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from services.worker import SERVICES, Worker, WorkerOptions
 from streams.client import AgentClient
+from streams.codec import codec_for
 from streams.config import Settings
+from streams.events import Event
 
 
 @dataclass
@@ -29,7 +34,10 @@ class Pipeline:
     @classmethod
     @contextlib.asynccontextmanager
     async def start(cls, settings: Settings, options: WorkerOptions | None = None,
-                    services: Sequence[str] = SERVICES, join_timeout: float = 60.0) -> AsyncIterator[Pipeline]:
+                    services: Sequence[str] = SERVICES, join_timeout: float = 60.0,
+                    delete_topics: bool | None = None) -> AsyncIterator[Pipeline]:
+        """``delete_topics`` (default: when the settings have a topic prefix) removes the prefix's topics
+        afterwards, so repeated test runs do not pile topics up on a long-lived broker."""
         worker = Worker(services, settings, options)
         stop = asyncio.Event()
         await worker.start()
@@ -50,6 +58,37 @@ class Pipeline:
                 await task
             await client.close()
             await worker.close()
+            if delete_topics if delete_topics is not None else bool(settings.topic_prefix):
+                await worker.runtime.topics.delete_all(settings.kafka_bootstrap)
+
+
+async def end_offsets(settings: Settings, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """Where each partition ends now (to read what is published after)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    await consumer.start()
+    try:
+        return await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+
+
+async def read_events(settings: Settings, tp: TopicPartition, start: int, *, expect: int,
+                      timeout: float = 15.0) -> list[Event]:
+    """Decode the events of one partition from ``start``: ``expect`` of them, or what came in ``timeout``."""
+    codec = codec_for(settings)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[Event] = []
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        deadline = time.monotonic() + timeout
+        while len(out) < expect and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=300)
+            out.extend(codec.decode(m.value) for m in batch.get(tp, []))
+    finally:
+        await consumer.stop()
+    return out
 
 
 def isolated(settings: Settings, prefix: str, *, partitions: int = 4) -> Settings:

@@ -91,6 +91,11 @@ class Topics:
     def dlq(self) -> str:
         return self._t("dlq")
 
+    @property
+    def alerts(self) -> str:
+        """AlertRaised events from the alerting app (services/alerts)."""
+        return self._t("alerts")
+
     def partition_for(self, run_id: str) -> int:
         """The partition of every run-keyed topic that carries ``run_id`` (Kafka's default partitioner)."""
         return (murmur2(run_id.encode()) & 0x7FFFFFFF) % self.partitions
@@ -103,6 +108,13 @@ class Topics:
     def planner_inputs(self) -> list[str]:
         """Co-partitioned: a run's events land on the same partition number of each."""
         return [self.tasks, self.inference_results, self.retrieval_results, self.tool_results]
+
+    async def delete_all(self, bootstrap: str) -> None:
+        """Delete every catalogue topic under this prefix (tests, replays, benchmarks clean up after
+        themselves). Refuses without a prefix: those are the production topics."""
+        if not self.prefix:
+            raise AgentStreamError("refusing to delete unprefixed (production) topics")
+        await delete_topics(bootstrap, [s.name for s in self.specs()])
 
     def specs(self) -> list[TopicSpec]:
         n, rf = self.partitions, self.replication_factor
@@ -125,6 +137,7 @@ class Topics:
         ]
         specs = [TopicSpec(name, n, rf, configs) for name, configs in run_keyed]
         specs.append(TopicSpec(self.dlq, 1, rf, _retention(30)))
+        specs.append(TopicSpec(self.alerts, 1, rf, _retention(30)))  # few, and in one order
         return specs
 
 
@@ -164,5 +177,22 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
                         f"{wanted[description['topic']]}; migrate it (or delete it in development)"
                     )
         return created
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int = 30000) -> None:
+    """Delete topics (those that do not exist are ignored), so a long-lived development broker does not
+    pile up the thousands that tests and benchmarks create."""
+    names = list(names)
+    if not names:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        doomed = [n for n in names if n in existing]
+        if doomed:
+            await admin.delete_topics(doomed, timeout_ms=timeout_ms)
     finally:
         await admin.close()

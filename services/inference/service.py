@@ -6,6 +6,10 @@ delta at once (time to first token), later ones coalesced every ``token_flush_s`
 not turn every token into a Kafka record. A request whose deadline has passed is answered with an error
 at once; a generation that outlives it is cancelled, and so is one whose run ends meanwhile (cancelled
 by its user, failed elsewhere): ``run_ended`` is called from an ``OutcomeWatcher`` on ``agent.outcomes``.
+
+Instrumentation (when the worker has metrics / tracing): each finished step observes its duration (the
+model's "thinking time"), time to first token, decode tokens/s and prompt / cached / completion tokens,
+and the same figures go on the step's span.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ class InferenceService:
         self.backend = backend
         self.token_flush_s = token_flush_s
         self._generating: dict[str, set[asyncio.Task]] = {}
+        metrics = getattr(runtime, "metrics", None)  # None: no metrics (or a stand-in runtime in tests)
+        self._metrics = metrics
+        if metrics is not None:
+            self._step_seconds = metrics.step_seconds.labels("model")
+            metrics.generations.set_function(lambda: sum(len(t) for t in self._generating.values()))
 
     def run_ended(self, result: RunResult) -> None:
         """Abort the run's generations: nobody will use their output."""
@@ -124,13 +133,41 @@ class InferenceService:
 
     async def _complete(self, ctx: Context, event: InferenceRequested, final: Final, started: float,
                         error: str | None = None) -> None:
+        duration_s = time.perf_counter() - started
         await ctx.emit(self.runtime.topics.inference_results, InferenceCompleted.build(
             run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
             parent_step_id=event.parent_step_id, text=final.text,
             finish_reason=final.finish_reason, prompt_tokens=final.prompt_tokens,
             completion_tokens=final.completion_tokens, cached_prompt_tokens=final.cached_prompt_tokens,
-            ttft_ms=final.ttft_ms, duration_ms=(time.perf_counter() - started) * 1000,
+            ttft_ms=final.ttft_ms, duration_ms=duration_s * 1000,
             model=final.model, backend=self.backend.name, error=error))
+        if self._metrics is not None:
+            self._observe(final, duration_s, error)
+        span = getattr(ctx, "span", None)
+        if span is not None:
+            span.set_attributes({
+                "gen_ai.request.model": final.model or (event.model or ""), "agentstream.backend": self.backend.name,
+                "gen_ai.usage.input_tokens": final.prompt_tokens, "gen_ai.usage.output_tokens": final.completion_tokens,
+                "agentstream.cached_prompt_tokens": final.cached_prompt_tokens, "agentstream.ttft_ms": final.ttft_ms,
+                "agentstream.step_ms": duration_s * 1000, "agentstream.finish_reason": final.finish_reason})
+            if error is not None:
+                span.set_attribute("agentstream.error", error)
+
+    def _observe(self, final: Final, duration_s: float, error: str | None) -> None:
+        m = self._metrics
+        assert m is not None
+        self._step_seconds.observe(duration_s)
+        if error is not None:
+            m.inference_errors.labels(error if error in ("deadline_exceeded", "run_ended") else "backend_error").inc()
+            return
+        ttft_s = final.ttft_ms / 1000
+        if ttft_s > 0:
+            m.ttft.observe(ttft_s)
+        if final.completion_tokens > 1 and duration_s > ttft_s:
+            m.tokens_per_s.observe((final.completion_tokens - 1) / (duration_s - ttft_s))
+        m.prompt_tokens.inc(final.prompt_tokens)
+        m.cached_prompt_tokens.inc(final.cached_prompt_tokens)
+        m.completion_tokens.inc(final.completion_tokens)
 
 
 def _nothing(finish_reason: str) -> Final:

@@ -3,9 +3,8 @@
 Per event (the runtime runs a run's events one after another, different runs in parallel):
 
 1. load the run's state (memory; on a miss, PostgreSQL);
-2. an event that is not the pending step's result is a copy or stale: if it is the result applied
-   last, republish the state's outputs (repairs a crash between the database commit and the publish);
-   otherwise drop it;
+2. an event that changes nothing is a copy or stale: if it is the event applied last, republish the
+   state's outputs (repairs a crash between the database commit and the publish); otherwise drop it;
 3. ``machine.start``/``advance``; one (group-committed) transaction records the event, the steps and
    the new state, with a version check;
 4. publish ``machine.outputs(state)``; the runtime commits the offset once the broker has them.
@@ -105,8 +104,7 @@ class Planner:
                 return
             except VersionConflict:  # recorded before (a redelivery after a restart)
                 state = await self._load(task.run_id)
-        if state is not None and state.last_step_id is None:  # its first request may not be out yet
-            await self._publish(machine.outputs(state, self.runtime.topics), state, ctx)
+        await self._transition(state, None, ctx, task)
 
     async def _start(self, task: TaskSubmitted, ctx: Context) -> None:
         """A new run. Its row is inserted without looking first: a run id that exists makes the
@@ -117,47 +115,46 @@ class Planner:
         state = machine.start(task, tools, now)
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
-        state = _with_trace(state, ctx.traceparent)
-        outputs = machine.outputs(state, self.runtime.topics)
-        await self._commit(None, state, outputs, ctx, consumed=task)
-        await self._publish(outputs, state, ctx)
+        state = replace(state, traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
+                        topic_prefix=self.runtime.topics.prefix)
+        await self._transition(None, state, ctx, task)
 
     async def _on_result(self, result: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
                          ctx: Context) -> None:
         state = await self._load(result.run_id)
+        new = None
         if state is None:
             log.warning("planner: %s for unknown run %s dropped", type(result).__name__, result.run_id)
-            return
-        if machine.is_prefetch_result(state, result):
+        elif machine.is_prefetch_result(state, result):
             assert isinstance(result, RetrievalCompleted)
             new = machine.prefetched(state, result, datetime.now(UTC))
         elif machine.is_pending_result(state, result):
             new = machine.advance(state, result, datetime.now(UTC))
-        else:
-            if result.step_id == state.last_step_id:  # a redelivery: make sure what it led to was published
-                await self._publish(machine.outputs(state, self.runtime.topics), state, ctx)
-            return
-        outputs = machine.outputs(new, self.runtime.topics)
-        await self._commit(state, new, outputs, ctx, consumed=result)
-        await self._publish(outputs, new, ctx)
+        await self._transition(state, new, ctx, result)
 
     async def _on_cancel(self, request: RunCancelRequested, ctx: Context) -> None:
         state = await self._load(request.run_id)
         new = machine.cancel(state, datetime.now(UTC), request.reason) if state is not None else None
-        if state is None or new is None:
-            return  # unknown, or already over: nothing to stop
-        outputs = machine.outputs(new, self.runtime.topics)
-        await self._commit(state, new, outputs, ctx, consumed=request)
-        await self._publish(outputs, new, ctx)
+        await self._transition(state, new, ctx, request)  # None: unknown, or already over
 
     async def _on_decision(self, decision: ApprovalDecided, ctx: Context) -> None:
         state = await self._load(decision.run_id)
         new = machine.decide(state, decision, datetime.now(UTC)) if state is not None else None
-        if state is None or new is None:
+        if state is not None and new is None:
             log.info("planner: decision on %s ignored (not awaiting approval for that step)", decision.step_id)
+        await self._transition(state, new, ctx, decision)
+
+    async def _transition(self, old: RunState | None, new: RunState | None, ctx: Context, consumed: Event) -> None:
+        """Record and publish ``new``; or, when the event changes nothing, republish ``old``'s outputs if
+        the event is a copy of the one applied last (its outputs may not have gone out before a crash).
+        Republishing is harmless: the same events, with the same ids, which consumers drop."""
+        if new is None:
+            if old is not None and consumed.event_id == old.last_event_id:
+                await self._publish(machine.outputs(old, self.runtime.topics), old, ctx)
             return
+        new = replace(new, last_event_id=consumed.event_id)
         outputs = machine.outputs(new, self.runtime.topics)
-        await self._commit(state, new, outputs, ctx, consumed=decision)
+        await self._commit(old, new, outputs, ctx, consumed=consumed)
         await self._publish(outputs, new, ctx)
 
     async def _task_problem(self, task: TaskSubmitted) -> str | None:
@@ -274,8 +271,9 @@ class Planner:
             new = machine.expire(state, datetime.now(UTC)) if state is not None else None
             if state is None or new is None:
                 return
-            await self._commit(state, new, None, consumed=None)
-            await self._publish(new, None)
+            outputs = machine.outputs(new, self.runtime.topics)
+            await self._commit(state, new, outputs, None, consumed=None)
+            await self._publish(outputs, new, None)
         finally:
             self._expiring.discard(run_id)
 
@@ -283,7 +281,7 @@ class Planner:
         """Load the active runs of the new partitions, so their deadlines are watched at once."""
         topics = self.runtime.topics
         self.assigned = {tp.partition for tp in assigned if tp.topic == topics.tasks}
-        for raw in await self.store.active_states():
+        for raw in await self.store.active_states(topics.prefix):
             state = RunState.from_json(raw)
             if topics.partition_for(state.run_id) in self.assigned and state.run_id not in self.cache:
                 self._remember(state)
@@ -293,10 +291,6 @@ class Planner:
         gone = {tp.partition for tp in revoked if tp.topic == topics.tasks}
         for run_id in [r for r in self.cache if topics.partition_for(r) in gone]:
             del self.cache[run_id]
-
-
-def _with_trace(state: RunState, traceparent: str | None) -> RunState:
-    return replace(state, traceparent=traceparent or tracing.new_traceparent())
 
 
 def _source(ctx: Context, result: Event) -> SourceUpdate | None:

@@ -35,9 +35,11 @@ class RunState:
     step_index: int
     pending_step_id: str | None
     pending_kind: str | None  # "model" | "tool" | "retrieval"
-    #: The step whose result was applied last (the parent of the pending step). A redelivered copy
-    #: of that result makes the planner republish this state's outputs.
+    #: The step whose result was applied last (the parent of the pending step).
     last_step_id: str | None = None
+    #: The event applied last: a redelivered copy of it makes the planner republish this state's
+    #: outputs (the crash may have come between the database commit and the publish).
+    last_event_id: str | None = None
     #: The pending step's request payload (tool name and arguments, retrieval query), so the request
     #: can be republished identically after a crash.
     pending_request: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +71,9 @@ class RunState:
     prefetch_served: dict[str, Any] | None = None
     #: The run this one replays or forks, if any.
     replay_of: str | None = None
+    #: The topic prefix of the pipeline that runs it: planners of other prefixes (a replay session, a
+    #: test) share the database and must never adopt it (deadlines, restarts).
+    topic_prefix: str = ""
 
     @property
     def terminal(self) -> bool:

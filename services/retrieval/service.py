@@ -39,6 +39,8 @@ class RetrievalService:
         self.embedder: Embedder | None = embedder if embedder is not None else Embedder()
         self.ef_search = ef_search
         self._degraded_logged = False
+        metrics = getattr(runtime, "metrics", None)  # None: no metrics (or a stand-in runtime in tests)
+        self._step_seconds = metrics.step_seconds.labels("retrieval") if metrics else None
 
     async def start(self) -> None:
         """Load the embedding model (in a worker thread; idempotent). Raises
@@ -64,10 +66,19 @@ class RetrievalService:
                 error = f"unknown collection {event.collection!r}"
             else:
                 passages = await self.search(event.query, event.k, event.collection)
+        duration_s = time.perf_counter() - started
         await ctx.emit(self.runtime.topics.retrieval_results, RetrievalCompleted.build(
             run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
             parent_step_id=event.parent_step_id, passages=passages, error=error,
-            duration_ms=(time.perf_counter() - started) * 1000))
+            duration_ms=duration_s * 1000))
+        if self._step_seconds is not None:
+            self._step_seconds.observe(duration_s)
+        span = getattr(ctx, "span", None)
+        if span is not None:
+            span.set_attributes({"agentstream.passages": len(passages),
+                                     "agentstream.collection": event.collection, "agentstream.k": event.k})
+            if error is not None:
+                span.set_attribute("agentstream.error", error)
 
     @staticmethod
     def _problem(event: RetrievalRequested) -> str | None:

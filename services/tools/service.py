@@ -13,6 +13,9 @@ runtime must not retry a handler that already ran a tool: its second try would f
 ``running`` and answer "interrupted". When the attempts are used up, the step fails ("failed after N
 attempts: …") and the request goes to the dead-letter topic with error kind ``retries_exhausted``;
 the handler itself returns normally, so the runtime does not dead-letter the record a second time.
+
+Instrumentation (when the worker has metrics / tracing): calls by tool and outcome, their duration,
+and a ``tool NAME`` span around the execution (all its attempts) inside the step's span.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class ToolService:
         self.tools = {t.name: t for t in tools}
         self.retrievals = RetrievalWaiter(runtime)
         self._unrecorded: dict[str, Outcome] = {}
+        self._metrics = metrics = getattr(runtime, "metrics", None)  # None: off (or a stand-in runtime in tests)
+        self._tracing = getattr(runtime, "tracing", None)
+        self._step_seconds = metrics.step_seconds.labels("tool") if metrics else None
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def service(self, *, concurrency: int = 32, **overrides) -> ServiceRunner:
         topics = self.runtime.topics
@@ -95,8 +102,20 @@ class ToolService:
             await self._replay(ctx, event, started, previous)
             return
         # A runtime retry of this handler after the tool ran but before its row was updated (a database
-        # blip) answers from memory instead of "interrupted".
-        outcome = unrecorded or await self._execute(tool, arguments, event)
+        # blip) answers from memory instead of "interrupted". With tracing, the execution is a span.
+        parent = getattr(ctx, "span", None)
+        if unrecorded is None and parent is not None and self._tracing is not None:
+            span = self._tracing.start_child(f"tool {tool.name}", parent, {
+                "agentstream.tool": tool.name, "agentstream.step_id": event.step_id})
+            try:
+                outcome = await self._execute(tool, arguments, event)
+                span.set_attribute("agentstream.attempts", outcome.attempts)
+                if outcome.error is not None:
+                    self._tracing.fail(span, f"{outcome.error_kind}: {outcome.error}"[:500])
+            finally:
+                span.end()
+        else:
+            outcome = unrecorded or await self._execute(tool, arguments, event)
         self._unrecorded[event.step_id] = outcome
         await self._finish(event, outcome)
         del self._unrecorded[event.step_id]
@@ -170,11 +189,33 @@ class ToolService:
 
     async def _reply(self, ctx: Context, event: ToolCallRequested, started: float, outcome: Outcome, *,
                      replayed: bool = False) -> None:
+        duration_s = time.perf_counter() - started
         await ctx.emit(self.runtime.topics.tool_results, ToolCallCompleted.build(
             run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
             parent_step_id=event.parent_step_id, tool=event.tool, ok=outcome.error is None, result=outcome.result,
-            error=outcome.error, duration_ms=(time.perf_counter() - started) * 1000, replayed=replayed,
+            error=outcome.error, duration_ms=duration_s * 1000, replayed=replayed,
             error_kind=outcome.error_kind, attempts=outcome.attempts))
+        if self._metrics is not None:
+            self._observe(event.tool, outcome.error_kind or "ok", duration_s)
+        span = getattr(ctx, "span", None)
+        if span is not None:
+            span.set_attributes({"agentstream.tool": event.tool, "agentstream.ok": outcome.error is None,
+                                     "agentstream.error_kind": outcome.error_kind or "",
+                                     "agentstream.attempts": outcome.attempts, "agentstream.replayed": replayed})
+
+    def _observe(self, tool: str, outcome: str, duration_s: float) -> None:
+        """Calls and durations by tool; a tool this worker does not serve is counted as ``<unknown>`` (a
+        model inventing tool names must not create label series without bound)."""
+        key = (tool if tool in self.tools else "<unknown>", outcome)
+        children = self._children.get(key)
+        if children is None:
+            assert self._metrics is not None
+            children = self._children[key] = (self._metrics.tool_calls.labels(*key),
+                                               self._metrics.tool_seconds.labels(key[0]))
+        children[0].inc()
+        children[1].observe(duration_s)
+        if self._step_seconds is not None:
+            self._step_seconds.observe(duration_s)
 
     async def _dead_letter(self, ctx: Context, event: ToolCallRequested, reason: str) -> None:
         """The request, to the dead-letter topic, as the runtime would put it there — but from here, because

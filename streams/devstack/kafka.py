@@ -205,14 +205,29 @@ async def wait_for_metadata(bootstrap: str, *, within: float, proc: subprocess.P
         quiet.setLevel(level)
 
 
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else -1
+    except OSError:
+        return -1
+
+
 async def _poll_metadata(bootstrap: str, *, within: float, proc: subprocess.Popen | None,
                          log_file: Path | None) -> None:
-    deadline = time.monotonic() + within
+    # A broker with thousands of partitions on disk spends minutes loading them before it listens; while
+    # its log keeps growing it is making progress, so the deadline moves (up to a hard cap).
+    start = time.monotonic()
+    deadline, cap = start + within, start + max(within, 600.0)
+    last_size = -1
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = process.log_tail(log_file) if log_file else ""
             raise StackError(f"Kafka exited during start-up:\n{tail}")
         if await metadata_ok(bootstrap):
             return
+        size = _size(log_file)
+        if size != last_size and last_size >= 0:
+            deadline = min(cap, max(deadline, time.monotonic() + 15.0))
+        last_size = size
         await asyncio.sleep(0.2)
     raise StackError(f"Kafka at {bootstrap} did not answer a metadata request within {within:.0f} s")

@@ -9,13 +9,13 @@ import uuid
 
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from services.worker import WorkerOptions
 from streams.client import TaskRejected
 from streams.codec import codec_for
 from streams.events import DeadLetter, RunStateSnapshot, TaskSubmitted
-from streams.testing import Pipeline, isolated
+from streams.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
@@ -122,7 +122,7 @@ async def test_poison_messages_go_to_the_dlq_and_processing_continues(pipe):
         (topics.inference_requests, truncated),
     ]
     dlq_tp = TopicPartition(topics.dlq, 0)
-    start = await _end_offset(pipe, dlq_tp)
+    start = (await end_offsets(pipe.settings, [dlq_tp]))[dlq_tp]
     producer = AIOKafkaProducer(bootstrap_servers=pipe.settings.kafka_bootstrap, acks="all")
     await producer.start()
     try:
@@ -134,7 +134,7 @@ async def test_poison_messages_go_to_the_dlq_and_processing_continues(pipe):
     run_id = await pipe.client.submit("What is 6 * 7?", tools=["calculator"])
     assert (await pipe.client.wait(run_id, timeout=30)).ok  # the services kept going
 
-    letters = await _read(pipe, dlq_tp, start, expect=len(poison))
+    letters = await read_events(pipe.settings, dlq_tp, start, expect=len(poison))
     assert all(isinstance(letter, DeadLetter) for letter in letters)
     kinds = sorted((letter.consumer, letter.error_kind) for letter in letters)
     assert kinds == sorted([("planner", "undecodable"), ("planner", "unknown_schema"),
@@ -145,7 +145,7 @@ async def test_poison_messages_go_to_the_dlq_and_processing_continues(pipe):
 
 async def test_bad_tasks_are_refused_before_publishing(pipe):
     tasks_tps = [TopicPartition(pipe.worker.runtime.topics.tasks, p) for p in range(pipe.settings.partitions)]
-    before = await _end_offsets(pipe, tasks_tps)
+    before = await end_offsets(pipe.settings, tasks_tps)
     bad = [
         dict(task=""), dict(task="   "), dict(task="x" * 40_000), dict(task=42),
         dict(task="ok", tools=["no_such_tool"]), dict(task="ok", tools="calculator"),
@@ -158,7 +158,7 @@ async def test_bad_tasks_are_refused_before_publishing(pipe):
             await pipe.client.submit(task, **kwargs)
         assert str(info.value)
     assert "no_such_tool" in str(await _rejection(pipe, "ok", tools=["no_such_tool"]))
-    assert await _end_offsets(pipe, tasks_tps) == before  # nothing was published
+    assert await end_offsets(pipe.settings, tasks_tps) == before  # nothing was published
 
 
 async def _rejection(pipe, task, **kwargs) -> TaskRejected:
@@ -169,40 +169,13 @@ async def _rejection(pipe, task, **kwargs) -> TaskRejected:
     raise AssertionError("not rejected")
 
 
-async def _end_offsets(pipe, tps):
-    consumer = AIOKafkaConsumer(bootstrap_servers=pipe.settings.kafka_bootstrap)
-    await consumer.start()
-    try:
-        return await consumer.end_offsets(tps)
-    finally:
-        await consumer.stop()
 
-
-async def _end_offset(pipe, tp) -> int:
-    return (await _end_offsets(pipe, [tp]))[tp]
-
-
-async def _read(pipe, tp, start: int, expect: int, timeout: float = 20):
-    codec = codec_for(pipe.settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=pipe.settings.kafka_bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    out = []
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        deadline = time.monotonic() + timeout
-        while len(out) < expect and time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            out.extend(codec.decode(m.value) for m in batch.get(tp, []))
-    finally:
-        await consumer.stop()
-    return out
 
 
 async def _latest_snapshot(pipe, run_id: str) -> RunStateSnapshot:
     topics = pipe.worker.runtime.topics
     tp = TopicPartition(topics.runs, topics.partition_for(run_id))
-    snapshots = [s for s in await _read(pipe, tp, 0, expect=10_000, timeout=2) if s.run_id == run_id]
+    snapshots = [s for s in await read_events(pipe.settings, tp, 0, expect=10_000, timeout=2) if s.run_id == run_id]
     assert snapshots, "no snapshot on agent.runs"
     versions = [s.version for s in snapshots]
     assert versions == sorted(versions)

@@ -88,3 +88,30 @@ async def _awaiting(pipe, run_id: str, timeout: float = 10) -> dict:
                 return waiting
         await asyncio.sleep(0.05)
     raise AssertionError(f"{run_id} never waited for approval")
+
+
+async def test_deadline_fails_a_run_waiting_for_approval(pipe):
+    """Nothing else will ever answer a run that waits for a person: the planner's own timer fails it."""
+    run_id = await pipe.client.submit('[[tool:transfer {"amount": 1}]] [[answer:x]]', tools=["transfer"],
+                                      prefetch=False, deadline=1.0)
+    await _awaiting(pipe, run_id)
+    t0 = time.monotonic()
+    result = await pipe.client.wait(run_id, timeout=10)
+    assert result.status == "failed" and result.error_code == "deadline_exceeded", result
+    assert time.monotonic() - t0 < 2.0
+
+
+async def test_a_planner_on_another_prefix_never_adopts_the_run(pipe):
+    """Replays and tests share the database with production: a planner joining its group loads the
+    active runs of its own topic prefix only, or it would expire (and publish for) runs it does not own."""
+    run_id = await pipe.client.submit('[[tool:transfer {"amount": 2}]] [[answer:x]]', tools=["transfer"],
+                                      prefetch=False, deadline=60.0)
+    waiting = await _awaiting(pipe, run_id)
+    async with Pipeline.start(isolated(pipe.settings, f"t{uuid.uuid4().hex[:8]}."),
+                              WorkerOptions(backend="scripted", tool_modules=TOOLS),
+                              services=("planner",)) as other:
+        assert other.worker.planner.assigned  # it joined and loaded the active runs of its partitions
+        assert run_id not in other.worker.planner.cache
+    assert run_id in pipe.worker.planner.cache
+    await pipe.client.deny(run_id, waiting["step_id"], reason="done", by="test")
+    assert (await pipe.client.wait(run_id, timeout=30)).ok

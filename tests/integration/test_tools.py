@@ -22,7 +22,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from services.tools.registry import ToolError
 from services.tools.sql import SqlQueryConfig, run_query
@@ -30,7 +30,7 @@ from services.worker import WorkerOptions
 from streams import db
 from streams.codec import codec_for
 from streams.events import DeadLetter, ToolCallRequested
-from streams.testing import Pipeline, isolated
+from streams.testing import Pipeline, end_offsets, isolated, read_events
 from tests.integration.tool_fixtures import RUNS_TABLE
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -117,7 +117,7 @@ async def test_retriable_failures_are_retried_with_backoff_then_succeed(pipe):
 async def test_exhausted_retries_fail_the_step_and_dead_letter_the_request(pipe):
     topics = pipe.worker.runtime.topics
     dlq = TopicPartition(topics.dlq, 0)
-    start = await _end_offset(pipe, dlq)
+    start = (await end_offsets(pipe.settings, [dlq]))[dlq]
     key = uuid.uuid4().hex
     run_id, step = await _tool_step(
         pipe, f'[[tool:flaky {{"key": "{key}", "failures": 10}}]] [[answer:done]]', ["flaky"])
@@ -128,7 +128,7 @@ async def test_exhausted_retries_fail_the_step_and_dead_letter_the_request(pipe)
     row = await _tool_call(pipe, run_id)
     assert (row["status"], row["attempts"], row["error_kind"]) == ("failed", 3, "retries_exhausted")
 
-    letters = [m for m in await _read(pipe, dlq, start, expect=1) if m.run_id == run_id]
+    letters = [m for m in await read_events(pipe.settings, dlq, start, expect=1) if m.run_id == run_id]
     assert len(letters) == 1, letters
     letter = letters[0]
     assert isinstance(letter, DeadLetter) and letter.error_kind == "retries_exhausted"
@@ -299,28 +299,3 @@ async def test_tool_worker_killed_mid_execution_does_not_run_the_tool_again(sett
         row = await _tool_call(pipe, run_id)
         assert (row["status"], row["attempts"]) == ("running", 1)  # the row says it started, never finished
 
-
-async def _end_offset(pipe, tp: TopicPartition) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=pipe.settings.kafka_bootstrap)
-    await consumer.start()
-    try:
-        return (await consumer.end_offsets([tp]))[tp]
-    finally:
-        await consumer.stop()
-
-
-async def _read(pipe, tp: TopicPartition, start: int, expect: int, timeout: float = 15) -> list:
-    codec = codec_for(pipe.settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=pipe.settings.kafka_bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    out: list = []
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        deadline = time.monotonic() + timeout
-        while len(out) < expect and time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=300)
-            out.extend(codec.decode(m.value) for m in batch.get(tp, []))
-    finally:
-        await consumer.stop()
-    return out

@@ -28,7 +28,6 @@ import secrets
 import shutil
 import tempfile
 import threading
-import time
 import zlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +36,7 @@ from typing import Any
 import xllamacpp
 
 from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
+from services.inference.backends.chat_stream import ChatStream
 
 _DONE = object()
 #: llama.cpp error types/codes that mean "busy or not ready": worth retrying later.
@@ -204,41 +204,18 @@ class LlamaCppBackend:
             finally:
                 put(_DONE)
 
-        started = time.perf_counter()
+        stream = ChatStream()
         self._active.add(cancel)
         pool.submit(run)
-        parts: list[str] = []
-        ttft_ms = 0.0
-        finish: str | None = None
-        usage: dict[str, Any] = {}
-        timings: dict[str, Any] = {}
         try:
             while (item := await queue.get()) is not _DONE:
                 if isinstance(item, Exception):
                     raise BackendError(f"llama.cpp rejected the request: {item}") from item
                 if "error" in item:
                     raise _engine_error(item["error"])
-                usage = item.get("usage") or usage
-                timings = item.get("timings") or timings
-                for choice in item.get("choices") or ():
-                    finish = choice.get("finish_reason") or finish
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        if not parts:
-                            ttft_ms = (time.perf_counter() - started) * 1000
-                        parts.append(text)
-                        yield Delta(text)
+                for text in stream.feed(item):
+                    yield Delta(text)
         finally:
             cancel.set()  # consumer gone (cancelled, aclose) or done: stop the engine at its next chunk
             self._active.discard(cancel)
-        details = usage.get("prompt_tokens_details") or {}
-        yield Final(
-            text="".join(parts),
-            finish_reason=finish or "cancelled",  # no finish reason: close() cut the stream short
-            prompt_tokens=usage.get("prompt_tokens", timings.get("prompt_n", 0) + timings.get("cache_n", 0)),
-            completion_tokens=usage.get("completion_tokens", timings.get("predicted_n", len(parts))),
-            cached_prompt_tokens=details.get("cached_tokens", timings.get("cache_n", 0)),
-            ttft_ms=ttft_ms,
-            model=self.model,
-            extra={"timings": timings} if timings else {},
-        )
+        yield stream.final(model=self.model, extra={"timings": stream.timings} if stream.timings else {})

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
+from services.inference.backends.chat_stream import ChatStream
 
 log = logging.getLogger(__name__)
 _FINISH = {"abort": "cancelled", "cancelled": "cancelled"}  # vLLM's engine calls an aborted request "abort"
@@ -180,13 +181,10 @@ class OpenAIBackend:
         if session is None:
             raise BackendError("OpenAI backend is not started", retriable=True)
         body, url = self._body(request), f"{self.base_url}/chat/completions"
-        parts: list[str] = []
-        started, problem = time.perf_counter(), ""
+        stream, problem = ChatStream(), ""  # ttft counts from the first attempt
         for attempt in range(self.max_retries + 1):
             resp: aiohttp.ClientResponse | None = None
-            finish: str | None = None
-            usage: dict[str, Any] = {}
-            model, ttft_ms, complete, delay = body["model"] or "", 0.0, False, None
+            complete, delay = False, None
             try:
                 try:
                     resp = await session.post(url, json=body)
@@ -199,26 +197,18 @@ class OpenAIBackend:
                     async for chunk in _events(resp):
                         if "error" in chunk:
                             problem = f"server error in stream: {_error_text(chunk)}"
-                            if parts:
+                            if stream.parts:
                                 raise BackendError(problem, retriable=True)
                             raise _Retry(problem)
-                        model = chunk.get("model") or model
-                        usage = chunk.get("usage") or usage
-                        for choice in chunk.get("choices") or ():
-                            finish = choice.get("finish_reason") or finish
-                            text = (choice.get("delta") or {}).get("content")
-                            if text:
-                                if not parts:
-                                    ttft_ms = (time.perf_counter() - started) * 1000
-                                parts.append(text)
-                                yield Delta(text)
-                    if finish is None:
+                        for text in stream.feed(chunk):
+                            yield Delta(text)
+                    if stream.finish is None:
                         raise aiohttp.ClientPayloadError("the stream ended without a finish_reason")
                     complete = True
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     if self._session is not session:  # close() cut the stream short
-                        finish = "cancelled"
-                    elif parts:
+                        stream.finish = "cancelled"
+                    elif stream.parts:
                         raise BackendError(f"stream broke after output began: {exc!r}", retriable=True) from exc
                     else:
                         raise _Retry(f"{type(exc).__name__}: {exc}") from exc
@@ -239,12 +229,7 @@ class OpenAIBackend:
                             request.request_id, attempt + 1, problem, delay)
                 await asyncio.sleep(delay)
                 continue
-            details = usage.get("prompt_tokens_details") or {}
-            finish = finish or "cancelled"
-            yield Final(text="".join(parts), finish_reason=_FINISH.get(finish, finish),
-                        prompt_tokens=usage.get("prompt_tokens") or 0,
-                        completion_tokens=usage.get("completion_tokens") or len(parts),
-                        cached_prompt_tokens=details.get("cached_tokens") or 0,
-                        ttft_ms=ttft_ms, model=model, extra={"attempts": attempt + 1})
+            yield stream.final(model=stream.model or body["model"] or "", finish_names=_FINISH,
+                               extra={"attempts": attempt + 1})
             return
         raise BackendError(f"{url} failed after {self.max_retries + 1} attempts: {problem}", retriable=True)

@@ -1,0 +1,1 @@
+"""The recorded-results service used by replays (services/replay/responder.py)."""
