@@ -1,4 +1,4 @@
-"""Workers register their metrics address in PostgreSQL (``workers``, migration 0008) so that
+"""Workers register their metrics address in PostgreSQL (``workers``, migration 0007) so that
 ``agentstream top`` finds every worker of a deployment — ports chosen at random included — without
 being given a list. A worker refreshes its row while it runs and deletes it when it stops; rows not
 refreshed within ``STALE_S`` are ignored (a worker killed with -9) and purged by the next start.
