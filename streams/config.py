@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,30 +213,25 @@ class AlertSettings:
         )
 
 
-def _positive_float(name: str, default: float) -> float:
+def _float_env(name: str, default: float, ok: Callable[[float], bool], must: str) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be a positive number")
+        value = float("nan")  # fails every check
+    if not ok(value):
+        raise ConfigError(f"{name}={raw!r} must be {must}")
     return value
+
+
+def _positive_float(name: str, default: float) -> float:
+    return _float_env(name, default, lambda v: v > 0, "a positive number")
 
 
 def _fraction(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name}={raw!r} must be a number between 0 and 1")
-    return value
+    return _float_env(name, default, lambda v: 0.0 <= v <= 1.0, "a number between 0 and 1")
 
 
 def _threshold_spec(name: str, default: float) -> tuple[float, dict[str, float]]:
