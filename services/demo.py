@@ -84,8 +84,10 @@ def _describe(step: dict[str, Any]) -> str:
         what = f"tool {request['tool']}({json.dumps(request['arguments'])}) → {outcome}"
         detail = "tool service"
     else:
-        what = f"retrieval {step['request'].get('query')!r} → {len(result.get('passages', []))} passages"
-        detail = "retrieval service"
+        outcome = (f"{len(result.get('passages', []))} passages" if step["status"] == "completed"
+                   else f"error: {step['error']}")
+        what = f"retrieval {step['request'].get('query')!r} → {outcome}"
+        detail = "retrieval service" + (" (prefetch)" if step["step_index"] < 0 else "")
     return f"  step {step['step_index']}  {what}   [dim]{ms:.0f} ms · {detail}[/dim]"
 
 
