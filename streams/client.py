@@ -103,7 +103,7 @@ class AgentClient:
         if not isinstance(prefetch, bool):
             raise TaskRejected("prefetch must be true or false")
         at = _deadline(deadline)
-        await self._watch()  # before publishing: the outcome cannot slip past us
+        await self.watch_outcomes()  # before publishing: the outcome cannot slip past us
         run_id = new_run_id()
         self._future(run_id)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
@@ -179,7 +179,9 @@ class AgentClient:
         return self._catalog
 
     # -- wait ----------------------------------------------------------------------------------
-    async def _watch(self) -> None:
+    async def watch_outcomes(self) -> None:
+        """Start following ``agent.outcomes`` now (``submit`` and ``wait`` do it on first use); a caller
+        about to submit many runs at once calls it first, so no outcome can slip past a waiter."""
         if self._watcher is None:
             self._watcher = OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
                                            self.settings.partitions, self.runtime.codec, self._resolve)
@@ -197,7 +199,7 @@ class AgentClient:
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """The run's outcome, once it has one. Raises ``TimeoutError`` after ``timeout`` seconds."""
-        await self._watch()
+        await self.watch_outcomes()
         future = self._future(run_id)
         if not future.done():
             row = await (await self.pool()).fetchrow(
@@ -221,7 +223,7 @@ class AgentClient:
         ``from_offset`` the stream starts at the run's submission (found by timestamp, so no scan).
         """
         tp = TopicPartition(self.topics.tokens, self.topics.partition_for(run_id))
-        await self._watch()
+        await self.watch_outcomes()
         outcome = self._future(run_id)
         consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
                                     isolation_level="read_committed", fetch_max_wait_ms=poll_ms)

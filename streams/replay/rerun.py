@@ -12,8 +12,8 @@ the catalogue, deleted at the end unless kept), consumer groups under it, and in
   everything (tools run again, with their side effects).
 
 The new run has a new run id and ``TaskSubmitted.replay_of`` = the original (``runs.replay_of``). The
-session's planner only loads its own runs from PostgreSQL (the database is shared with production:
-a replay planner must never pick up, or time out, a production run). Approvals the original run got
+session's planner only adopts runs of its own topic prefix from PostgreSQL (the database is shared
+with production: no planner may pick up, or time out, another pipeline's run). Approvals the original run got
 are given again, from its recorded ``ApprovalDecided`` events; a call with no recorded decision is
 denied. After the run ends its decisions are compared with the original's (streams/replay/diff.py).
 """
@@ -152,7 +152,7 @@ class ReplaySession:
         await joined
         self.client = AgentClient(self.settings)
         await self.client.start()
-        await self.client._watch()  # follow outcomes before any run is submitted: concurrent waits race-free
+        await self.client.watch_outcomes()  # before any run is submitted: concurrent waits race-free
         # Both producers learn every topic's leader now, not on the first replay's critical path.
         names = [spec.name for spec in worker.runtime.topics.specs()]
         await asyncio.gather(*(rt.producer.partitions_for(n) for rt in (worker.runtime, self.client.runtime)
