@@ -259,15 +259,16 @@ class AgentClient:
             await consumer.stop()
 
     async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition, run_id: str) -> int:
+        # The end offset is read first: a chunk produced while the timestamp is looked up lies past it,
+        # so falling back to it can never skip the run's first tokens.
+        end = (await consumer.end_offsets([tp]))[tp]
         submitted = self._submitted.get(run_id)
         if submitted is None:
             submitted = await (await self.pool()).fetchval("SELECT submitted_at FROM runs WHERE run_id = $1", run_id)
         if submitted is None:
-            return (await consumer.end_offsets([tp]))[tp]
-        found = await consumer.offsets_for_times({tp: int(submitted.timestamp() * 1000) - 1000})
-        if found.get(tp) is None:
-            return (await consumer.end_offsets([tp]))[tp]
-        return found[tp].offset
+            return end
+        found = (await consumer.offsets_for_times({tp: int(submitted.timestamp() * 1000) - 1000})).get(tp)
+        return end if found is None else found.offset
 
     async def _finished(self, run_id: str) -> bool:
         status = await (await self.pool()).fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
