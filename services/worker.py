@@ -37,7 +37,7 @@ from streams.telemetry.lag import GroupOffsets, LagSampler, sample_forever
 from streams.telemetry.metrics import Metrics
 from streams.telemetry.tracing import Tracing
 from streams.tool_catalog import ToolCatalog, register
-from streams.topics import ensure_topics
+from streams.topics import ensure_topics, wait_for_group_coordinator
 
 log = logging.getLogger(__name__)
 SERVICES = ("planner", "inference", "retrieval", "tools")
@@ -146,6 +146,7 @@ class Worker:
             await self.metrics_server.start()  # first: probes get "not ready", not "connection refused"
         self._phase = "creating topics and applying migrations"
         await ensure_topics(s.kafka_bootstrap, self.runtime.topics.specs())
+        await wait_for_group_coordinator(s.kafka_bootstrap)
         await migrations.migrate(s.database_url)
         self._phase = "connecting to PostgreSQL"
         self.pool = await db.create_pool(s.database_url, min_size=1, max_size=10)

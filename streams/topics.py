@@ -7,11 +7,13 @@ Names are built by ``Topics`` from an optional prefix, which isolates tests and 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import for_code
+from aiokafka.errors import CoordinatorNotAvailableError, for_code
 from aiokafka.partitioner import murmur2
 
 from streams.errors import AgentStreamError
@@ -177,6 +179,29 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
                         f"{wanted[description['topic']]}; migrate it (or delete it in development)"
                     )
         return created
+    finally:
+        await admin.close()
+
+
+async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0) -> None:
+    """Return once the cluster can coordinate consumer groups.
+
+    A fresh broker creates ``__consumer_offsets`` on the first FindCoordinator request and answers
+    COORDINATOR_NOT_AVAILABLE until it is ready; asked here first, the services' consumers join at once
+    instead of logging that error while they retry.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(within_s * 1000))
+    await admin.start()
+    try:
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                await admin.find_coordinator("agentstream-readiness")
+                return
+            except CoordinatorNotAvailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
     finally:
         await admin.close()
 

@@ -34,7 +34,7 @@ from streams.devstack import process
 from streams.devstack.kafka import KafkaLauncher, metadata_ok
 from streams.devstack.postgres import PostgresLauncher, default_work_dir
 from streams.errors import StackError
-from streams.topics import Topics, ensure_topics
+from streams.topics import Topics, ensure_topics, wait_for_group_coordinator
 
 
 @dataclass(frozen=True)
@@ -154,9 +154,7 @@ class DevStack:
                 state["started_at"] = time.time()
                 self._write_state(state)
             settings = Settings.load(self.paths)
-            asyncio.run(migrations.migrate(settings.database_url))
-            topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-            asyncio.run(ensure_topics(settings.kafka_bootstrap, topics.specs()))
+            asyncio.run(_prepare(settings))
             return self.status()
 
     @staticmethod
@@ -198,6 +196,15 @@ class DevStack:
                 self._write_state(state)
         return stopped
 
+
+async def _prepare(settings: Settings) -> None:
+    """Migrations, the catalogue's topics and a group coordinator, concurrently: the first waits on
+    PostgreSQL, the others on Kafka (a fresh broker takes a second or two to create
+    ``__consumer_offsets``)."""
+    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    await asyncio.gather(migrations.migrate(settings.database_url),
+                         ensure_topics(settings.kafka_bootstrap, topics.specs()),
+                         wait_for_group_coordinator(settings.kafka_bootstrap))
 
 
 def _ref(state: dict, name: str) -> process.ProcessRef | None:
