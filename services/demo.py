@@ -2,8 +2,9 @@
 
 Starts the local stack (unless KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL name your own), runs the four
 services in this process (the llama.cpp backend with SmolLM2-135M when installed, else the scripted
-model), submits a task, prints each step as the planner records it, then the answer and the path of
-every event through Kafka (topic, partition, offset, and how long each hop took).
+model), stores a few notes for retrieval to find, submits a task, prints each step as the planner
+records it, then the answer and the path of every event through Kafka (topic, partition, offset, and
+how long each hop took).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from services.worker import WorkerOptions
@@ -21,6 +24,9 @@ from streams.config import Settings
 from streams.testing import Pipeline
 
 SAMPLE_TASK = "What is 17 * 23?"
+#: Ingested before the task (idempotent: re-running the demo adds nothing), so the planner's retrieval
+#: prefetch finds passages instead of an empty collection.
+SAMPLE_NOTES = Path(__file__).parent / "retrieval" / "data" / "demo-notes.md"
 
 
 def pick_backend(requested: str | None) -> str:
@@ -37,35 +43,48 @@ def pick_backend(requested: str | None) -> str:
         return "scripted"
 
 
-async def run_demo(task: str, backend: str, console: Console, timeout: float = 180.0) -> bool:
-    settings = Settings.load()
+async def run_demo(task: str, backend: str, console: Console, timeout: float = 180.0,
+                   settings: Settings | None = None) -> bool:
+    settings = settings or Settings.load()
     console.print(f"Kafka [bold]{settings.kafka_bootstrap}[/bold] · PostgreSQL [bold]{settings.database_url}[/bold]")
     console.print(f"starting planner, inference ([bold]{backend}[/bold]), retrieval and tools…")
     t0 = time.perf_counter()
     async with Pipeline.start(settings, WorkerOptions(backend=backend, backend_options=_options(backend))) as pipe:
-        console.print(f"services ready in {time.perf_counter() - t0:.1f} s (model loaded, consumer groups joined)\n")
+        console.print(f"services ready in {time.perf_counter() - t0:.1f} s (model loaded, consumer groups joined)")
+        await _ingest_notes(pipe, console)
         run_id = await pipe.client.submit(task, tools=["calculator"], max_steps=6)
-        console.print(f"[bold]task[/bold] {task!r} → run [cyan]{run_id}[/cyan]")
+        console.print(f"[bold]task[/bold] {escape(repr(task))} → run [cyan]{run_id}[/cyan]")
         waiter = asyncio.create_task(pipe.client.wait(run_id, timeout=timeout))
         shown: set[int] = set()
         while True:
+            finished = waiter.done()  # before reading the steps, so the last ones are printed too
             status = await pipe.client.status(run_id) or {"steps": []}
             for step in status["steps"]:
-                if step["status"] != "requested" and step["step_index"] not in shown:
+                if (finished or step["status"] != "requested") and step["step_index"] not in shown:
                     shown.add(step["step_index"])
                     console.print(_describe(step))
-            if waiter.done():
+            if finished:
                 break
             await asyncio.sleep(0.1)
         result = waiter.result()
         if result.ok:
-            console.print(f"\n[green bold]answer[/green bold] {result.answer}  "
+            console.print(f"\n[green bold]answer[/green bold] {escape(result.answer or '')}  "
                           f"({result.steps} steps, {result.duration_ms:.0f} ms)")
         else:
-            console.print(f"\n[red bold]failed[/red bold] ({result.error_code}) {result.error}")
+            console.print(f"\n[red bold]failed[/red bold] ({result.error_code}) {escape(result.error or '')}")
         console.print(_timeline(await pipe.client.events(run_id)))
         console.print(f"history: [bold]agentstream status {run_id}[/bold]")
         return result.ok
+
+
+async def _ingest_notes(pipe: Pipeline, console: Console) -> None:
+    from services.retrieval.embeddings import Embedder
+    from services.retrieval.ingest import ingest
+
+    assert pipe.worker.pool is not None
+    stats = await ingest(pipe.worker.pool, Embedder(), [SAMPLE_NOTES])  # the retrieval worker's model
+    console.print(f"notes for retrieval: {stats.chunks} chunks ({stats.inserted} new) "
+                  f"in the default collection\n")
 
 
 def _options(backend: str) -> dict[str, Any]:
@@ -73,7 +92,8 @@ def _options(backend: str) -> dict[str, Any]:
 
 
 def _describe(step: dict[str, Any]) -> str:
-    ms = (step["completed_at"] - step["requested_at"]).total_seconds() * 1000
+    took = ("" if step["completed_at"] is None
+            else f"{(step['completed_at'] - step['requested_at']).total_seconds() * 1000:.0f} ms · ")
     result = step["result"] or {}
     if step["kind"] == "model":
         what = f"model said {result.get('text', '').strip()}"
@@ -85,10 +105,11 @@ def _describe(step: dict[str, Any]) -> str:
         detail = "tool service"
     else:
         outcome = (f"{len(result.get('passages', []))} passages" if step["status"] == "completed"
+                   else "not back when the run ended" if step["status"] == "requested"
                    else f"error: {step['error']}")
         what = f"retrieval {step['request'].get('query')!r} → {outcome}"
         detail = "retrieval service" + (" (prefetch)" if step["step_index"] < 0 else "")
-    return f"  step {step['step_index']}  {what}   [dim]{ms:.0f} ms · {detail}[/dim]"
+    return f"  step {step['step_index']}  {escape(what)}   [dim]{took}{detail}[/dim]"
 
 
 def _timeline(events: list[dict[str, Any]]) -> Table:
