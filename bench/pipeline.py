@@ -1,7 +1,10 @@
 """Pipeline throughput and per-hop latency: N runs of 3 steps (model → calculator → model answer).
 
 The model is the zero-latency scripted backend, so what is measured is agentstream itself: Kafka hops,
-PostgreSQL history, the planner, the runtime. Workers run as separate processes (`agentstream worker
+PostgreSQL history, the planner, the runtime. Runs are submitted without the speculative retrieval
+(``prefetch=False``): its cost depends on what the stack's ``default`` collection holds (nothing: an
+error result at once; documents, as after ``make demo``: an embedding and a search per run), and
+bench/prefetch.py measures it. Workers run as separate processes (`agentstream worker
 ...`, on their own topic prefix) on the stack `agentstream dev up` started (started here if needed).
 
 Reports:
@@ -100,7 +103,8 @@ async def submit_all(client: AgentClient, count: int, concurrency: int, offset: 
 
     async def one(i: int) -> None:
         async with semaphore:
-            run_id = await client.submit(f"What is {i} + {i}?", tools=["calculator"], max_steps=5)
+            run_id = await client.submit(f"What is {i} + {i}?", tools=["calculator"], max_steps=5,
+                                         prefetch=False)
             run_ids.append(run_id)
             result = await client.wait(run_id, timeout=300)
             if not result.ok or result.steps != 3:
@@ -150,7 +154,7 @@ async def measure(settings: Settings, runs: int, concurrency: int, telemetry: bo
         sequential: list[float] = []
         for i in range(20):
             t0 = time.perf_counter()
-            run_id = await client.submit(f"What is {i} * 2?", tools=["calculator"], max_steps=5)
+            run_id = await client.submit(f"What is {i} * 2?", tools=["calculator"], max_steps=5, prefetch=False)
             await client.wait(run_id, timeout=60)
             sequential.append((time.perf_counter() - t0) * 1000 / 3)
         cpu0 = cpu_seconds(worker_pids or [])
