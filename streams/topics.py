@@ -171,7 +171,7 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
                 raise for_code(code)(f"creating topic {name}: {message}")
         if existing:
             wanted = {s.name: s.partitions for s in specs}
-            for description in await admin.describe_topics(existing):
+            for description in await _describe_settled(admin, existing, within_s=timeout_ms / 1000):
                 have = len(description["partitions"])
                 if have != wanted[description["topic"]]:
                     raise TopicMismatch(
@@ -181,6 +181,24 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
         return created
     finally:
         await admin.close()
+
+
+async def _describe_settled(admin: AIOKafkaAdminClient, names: list[str], *, within_s: float) -> list[dict]:
+    """The topics' descriptions once the broker knows them all. A topic created a moment ago (by
+    another process, e.g. ``dev up`` just before a worker starts) can be described with an error
+    and no partitions until the broker's metadata catches up with the controller: ask again."""
+    deadline = time.monotonic() + within_s
+    while True:
+        descriptions = await admin.describe_topics(names)
+        unsettled = [d for d in descriptions if d["error_code"] or not d["partitions"]]
+        if not unsettled:
+            return descriptions
+        if time.monotonic() > deadline:
+            first = unsettled[0]
+            if first["error_code"]:
+                raise for_code(first["error_code"])(f"describing topic {first['topic']}")
+            raise TopicMismatch(f"topic {first['topic']} has no partitions")
+        await asyncio.sleep(0.1)
 
 
 async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0) -> None:
