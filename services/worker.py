@@ -25,9 +25,11 @@ import asyncpg
 from services.inference.backends.base import Backend
 from services.tools.builtin import BuiltinConfig
 from streams import db, migrations
+from streams.claims import ClaimStore
 from streams.codec import codec_for
 from streams.config import Settings
 from streams.events import default_instance
+from streams.outages import DATABASE
 from streams.outcomes import OutcomeWatcher
 from streams.runtime import Runtime, ServiceRunner, run_services
 from streams.telemetry import discovery
@@ -133,6 +135,9 @@ class Worker:
         waiting = [r.config.name for r in self.runners if not r.joined]
         if waiting:
             return False, f"joining consumer groups: {', '.join(waiting)}"
+        outages = [f"{r.config.name}: {r.outages.describe()}" for r in self.runners if r.outages]
+        if outages:
+            return False, "waiting out an outage: " + "; ".join(outages)
         return True, "ready"
 
     @property
@@ -150,6 +155,7 @@ class Worker:
         await migrations.migrate(s.database_url)
         self._phase = "connecting to PostgreSQL"
         self.pool = await db.create_pool(s.database_url, min_size=1, max_size=10)
+        self.runtime.claims = ClaimStore(self.pool)
         await self.runtime.start()
         if self.metrics_server is not None:
             await discovery.register(self.pool, self._worker_id, self.names, self.metrics_server.url,
@@ -163,7 +169,7 @@ class Worker:
 
             self._phase = "registering tools"
             tools = tools_for(self.options.tool_modules, self.options.builtin)
-            await register(self.pool, [t.info() for t in tools], worker=self.runtime.topics.group("tools"))
+            await register(self.runtime, [t.info() for t in tools], worker=self.runtime.topics.group("tools"))
             self.runners.append(ToolService(self.runtime, self.pool, tools).service(**overrides))
         if "retrieval" in self.names:
             from services.retrieval.service import RetrievalService
@@ -188,8 +194,13 @@ class Worker:
             from streams.store import TransitionStore
 
             self.writer = await db.create_pool(s.database_url, min_size=2, max_size=2)
-            self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer), ToolCatalog(self.pool))
+            self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer),
+                                   ToolCatalog.for_runtime(self.runtime), step_timeout_s=s.step_timeout_s,
+                                   max_run_s=s.max_run_s)
             self.runners.append(self.planner.service(**overrides))
+        pool = self.pool
+        for runner in self.runners:  # how the runtime tells a database outage from a bad record
+            runner.probes.setdefault(DATABASE, lambda: pool.fetchval("SELECT 1"))
         self._phase = "joining consumer groups"
         self._started = True
 
@@ -254,6 +265,7 @@ class Worker:
         for runner in self.runners:
             log.info("%s: %s", runner.config.name, runner.stats)
         if self.planner is not None:
+            await self.planner.tools.close()
             st = self.planner.store.stats
             if st["batches"]:
                 log.info("planner history: %d transitions in %d batches (%.1f per batch, %.1f ms per batch)",

@@ -4,17 +4,24 @@
         run_id = await client.submit("What is 17 * 23?", tools=["calculator"])
         result = await client.wait(run_id)
 
-A bad task is refused by ``submit`` with ``TaskRejected`` and nothing is published. ``wait`` reads the
-outcome from ``agent.outcomes``: the client notes each partition's end offset *before* it looks at
-PostgreSQL, so an outcome published after that look is still read from Kafka (no race, no polling).
+A bad task is refused by ``submit`` with ``TaskRejected`` and nothing is published; the rules are the
+planner's own (streams/task_rules.py). ``wait`` reads the outcome from ``agent.outcomes``: the client
+notes each partition's end offset *before* it looks at PostgreSQL, so an outcome published after that
+look is still read from Kafka (no race, no polling).
+
+Kafka is the intake: ``submit`` needs no database (tools are checked against the compacted
+``agent.tools``), and ``wait`` for a run this client submitted needs none either. Calls that must read
+PostgreSQL (history, status, a run submitted elsewhere) raise ``Unavailable`` while it is down, not the
+driver's exception.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,20 +29,21 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams import tracing
+from streams import task_rules, tracing
 from streams.codec import DecodeError, codec_for
 from streams.config import Settings
-from streams.errors import AgentStreamError
+from streams.errors import AgentStreamError, Unavailable
 from streams.events import ApprovalDecided, RunCancelRequested, TaskSubmitted, TokenChunk, new_run_id
+from streams.outages import DATABASE, outage_of
 from streams.outcomes import OutcomeWatcher, RunResult
 from streams.runtime import Runtime
 from streams.tool_catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
 
-MAX_TASK_BYTES = 32 * 1024
-MAX_STEPS_LIMIT = 1000
-MAX_METADATA = 64
+MAX_TASK_BYTES = task_rules.MAX_TASK_BYTES
+MAX_STEPS_LIMIT = task_rules.MAX_STEPS_LIMIT
+MAX_METADATA = task_rules.MAX_METADATA
 
 
 class TaskRejected(AgentStreamError):
@@ -71,18 +79,32 @@ class AgentClient:
         await self.close()
 
     async def start(self) -> None:
+        """Connect. Raises ``TopicsMissing`` when the topics the client sends to and reads from do not
+        exist yet (no worker has created them), rather than a timeout on the first send or wait."""
+        from streams.topics import require_topics
+
+        try:
+            await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools read
+                self.topics.tasks, self.topics.outcomes, self.topics.tokens, self.topics.tools])
+        except Exception:
+            await self.runtime.producer.stop()  # built unstarted with the runtime: closed, not leaked
+            raise
         await self.runtime.start()
 
     async def close(self) -> None:
         if self._watcher is not None:
             await self._watcher.stop()
+        if self._catalog is not None:
+            await self._catalog.close()
         await self.runtime.stop()
         if self._pool is not None:
             await self._pool.close()
 
     async def pool(self) -> asyncpg.Pool:
+        """The client's PostgreSQL pool (created on first use). Raises ``Unavailable`` when it cannot connect."""
         if self._pool is None:
-            self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
+            with _database():
+                self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
         return self._pool
 
     # -- submit --------------------------------------------------------------------------------
@@ -97,12 +119,9 @@ class AgentClient:
         text alongside the first model call. ``on_tool_error``: when a tool fails for good,
         ``tell_model`` (it decides) or ``fail_run``.
         """
-        tools = await self._check(task, tools, max_steps, model, system_prompt, metadata)
-        if on_tool_error not in ("tell_model", "fail_run"):
-            raise TaskRejected("on_tool_error must be 'tell_model' or 'fail_run'")
-        if not isinstance(prefetch, bool):
-            raise TaskRejected("prefetch must be true or false")
         at = _deadline(deadline)
+        tools = await self._check(task, tools, max_steps, at, model, system_prompt, metadata, on_tool_error,
+                                  prefetch)
         await self.watch_outcomes()  # before publishing: the outcome cannot slip past us
         run_id = new_run_id()
         self._future(run_id)
@@ -116,29 +135,18 @@ class AgentClient:
         self._submitted[run_id] = event.created_at
         return run_id
 
-    async def _check(self, task: Any, tools: Any, max_steps: Any, model: Any, system_prompt: Any,
-                     metadata: Any) -> list[str]:
-        if not isinstance(task, str):
-            raise TaskRejected(f"the task must be a string, not {type(task).__name__}")
-        if not task.strip():
-            raise TaskRejected("the task is empty")
-        if len(task.encode()) > MAX_TASK_BYTES:
-            raise TaskRejected(f"the task is {len(task.encode())} bytes; the limit is {MAX_TASK_BYTES}")
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int):
-            raise TaskRejected(f"max_steps must be an integer, not {type(max_steps).__name__}")
-        if not 1 <= max_steps <= MAX_STEPS_LIMIT:
-            raise TaskRejected(f"max_steps must be between 1 and {MAX_STEPS_LIMIT} (got {max_steps})")
-        for name, value in (("model", model), ("system_prompt", system_prompt)):
-            if value is not None and not isinstance(value, str):
-                raise TaskRejected(f"{name} must be a string")
-        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > MAX_METADATA or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
-            raise TaskRejected(f"metadata must be a dict of at most {MAX_METADATA} string keys and values")
+    async def _check(self, task: Any, tools: Any, max_steps: Any, deadline: datetime | None, model: Any,
+                     system_prompt: Any, metadata: Any, on_tool_error: Any, prefetch: Any) -> list[str]:
+        """The task's tools (all registered ones when ``tools`` is None); raises ``TaskRejected``."""
+        problem = task_rules.task_problem(
+            task=task, tools=[] if tools is None else tools, max_steps=max_steps, deadline=deadline, model=model,
+            system_prompt=system_prompt, metadata=metadata, on_tool_error=on_tool_error, prefetch=prefetch,
+            now=datetime.now(UTC))
+        if problem:
+            raise TaskRejected(problem)
         catalog = await self._tool_catalog()
         if tools is None:
             return sorted(await catalog.all())
-        if isinstance(tools, str) or not isinstance(tools, (list, tuple)) or not all(isinstance(t, str) for t in tools):
-            raise TaskRejected("tools must be a list of tool names")
         unknown = await catalog.unknown(list(tools))
         if unknown:
             known = ", ".join(sorted(await catalog.all())) or "none (is a tool worker running?)"
@@ -167,15 +175,18 @@ class AgentClient:
 
     async def awaiting_approval(self) -> list[dict[str, Any]]:
         """Runs paused on a tool call that needs approval: run id, step id, tool, arguments, since when."""
-        rows = await (await self.pool()).fetch(
+        with _database():
+            rows = await (await self.pool()).fetch(
             """SELECT run_id, state->>'pending_step_id' AS step_id, state->'pending_request' AS request,
-                      updated_at FROM runs WHERE status = 'awaiting_approval' ORDER BY updated_at""")
+                          updated_at FROM runs WHERE status = 'awaiting_approval' ORDER BY updated_at""")
         return [{"run_id": r["run_id"], "step_id": r["step_id"], "since": r["updated_at"],
                  **{k: v for k, v in json.loads(r["request"]).items() if k in ("tool", "arguments")}} for r in rows]
 
     async def _tool_catalog(self) -> ToolCatalog:
+        """Tool names are checked against ``agent.tools``, not PostgreSQL: submit works while the
+        database is down (streams/tool_catalog.py)."""
         if self._catalog is None:
-            self._catalog = ToolCatalog(await self.pool())
+            self._catalog = ToolCatalog.for_runtime(self.runtime)
         return self._catalog
 
     # -- wait ----------------------------------------------------------------------------------
@@ -198,14 +209,23 @@ class AgentClient:
             future.set_result(result)
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
-        """The run's outcome, once it has one. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        """The run's outcome, once it has one. Raises ``TimeoutError`` after ``timeout`` seconds, and
+        ``Unavailable`` when it must ask PostgreSQL (a run this client did not submit) and cannot."""
         await self.watch_outcomes()
+        followed = run_id in self._futures  # submitted here: the watcher started before the task was sent
         future = self._future(run_id)
         if not future.done():
-            row = await (await self.pool()).fetchrow(
-                """SELECT status, answer, error_code, error, step_count,
-                          extract(epoch FROM (updated_at - submitted_at)) * 1000 AS ms
-                   FROM runs WHERE run_id = $1""", run_id)
+            try:
+                with _database():
+                    row = await (await self.pool()).fetchrow(
+                        """SELECT status, answer, error_code, error, step_count,
+                                  extract(epoch FROM (updated_at - submitted_at)) * 1000 AS ms
+                           FROM runs WHERE run_id = $1""", run_id)
+            except Unavailable:
+                if not followed:
+                    self._futures.pop(run_id, None)
+                    raise
+                row = None  # its outcome cannot have been published before the watcher started
             if row is not None and row["status"] in ("completed", "failed"):
                 return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
                                  row["step_count"], float(row["ms"]))
@@ -264,28 +284,37 @@ class AgentClient:
         end = (await consumer.end_offsets([tp]))[tp]
         submitted = self._submitted.get(run_id)
         if submitted is None:
-            submitted = await (await self.pool()).fetchval("SELECT submitted_at FROM runs WHERE run_id = $1", run_id)
+            with _database():
+                submitted = await (await self.pool()).fetchval("SELECT submitted_at FROM runs WHERE run_id = $1",
+                                                               run_id)
         if submitted is None:
             return end
         found = (await consumer.offsets_for_times({tp: int(submitted.timestamp() * 1000) - 1000})).get(tp)
         return end if found is None else found.offset
 
     async def _finished(self, run_id: str) -> bool:
-        status = await (await self.pool()).fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
+        try:
+            with _database():
+                status = await (await self.pool()).fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
+        except Unavailable:
+            if run_id not in self._submitted:
+                raise
+            return False  # submitted here: its outcome reaches the watcher, which follows it since then
         return status in ("completed", "failed")
 
     # -- history -------------------------------------------------------------------------------
     async def status(self, run_id: str) -> dict[str, Any] | None:
         """The run's row and its steps, from PostgreSQL (None for an unknown run)."""
         pool = await self.pool()
-        run = await pool.fetchrow(
-            """SELECT run_id, status, task, step_count, answer, error_code, error, submitted_at, updated_at,
-                      finished_at FROM runs WHERE run_id = $1""", run_id)
-        if run is None:
-            return None
-        steps = await pool.fetch(
-            """SELECT step_index, kind, status, request::text AS request, result::text AS result, error,
-                      requested_at, completed_at FROM steps WHERE run_id = $1 ORDER BY step_index""", run_id)
+        with _database():
+            run = await pool.fetchrow(
+                """SELECT run_id, status, task, step_count, answer, error_code, error, submitted_at, updated_at,
+                          finished_at FROM runs WHERE run_id = $1""", run_id)
+            if run is None:
+                return None
+            steps = await pool.fetch(
+                """SELECT step_index, kind, status, request::text AS request, result::text AS result, error,
+                          requested_at, completed_at FROM steps WHERE run_id = $1 ORDER BY step_index""", run_id)
         out = dict(run)
         out["steps"] = [{**dict(s), "request": json.loads(s["request"]),
                          "result": json.loads(s["result"]) if s["result"] else None} for s in steps]
@@ -293,11 +322,23 @@ class AgentClient:
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
         """Every recorded event of the run, in the order they were produced."""
-        rows = await (await self.pool()).fetch(
-            """SELECT event_id::text, step_id, event_type, topic, partition, "offset", produced_at, appended_at,
-                      consumed_at, consumed_by, producer, payload::text AS payload
-               FROM events WHERE run_id = $1 ORDER BY produced_at, recorded_at""", run_id)
+        with _database():
+            rows = await (await self.pool()).fetch(
+                """SELECT event_id::text, step_id, event_type, topic, partition, "offset", produced_at,
+                          appended_at, consumed_at, consumed_by, producer, payload::text AS payload
+                   FROM events WHERE run_id = $1 ORDER BY produced_at, recorded_at""", run_id)
         return [{**dict(r), "payload": json.loads(r["payload"])} for r in rows]
+
+
+@contextlib.contextmanager
+def _database() -> Iterator[None]:
+    """PostgreSQL being down is ``Unavailable`` to the client's caller, not the driver's exception."""
+    try:
+        yield
+    except Exception as exc:
+        if outage_of(exc) == DATABASE:
+            raise Unavailable(f"PostgreSQL is unavailable ({type(exc).__name__}: {exc}); try again later") from exc
+        raise
 
 
 def _deadline(deadline: datetime | timedelta | float | None) -> datetime | None:

@@ -79,6 +79,15 @@ class Settings:
     #: broker, and a partition just drained waits for it to return: this bounds that wait (a hop's tail
     #: latency) against idle fetch requests (docs/benchmarks.md).
     fetch_max_wait_ms: int = 100
+    #: The largest event agentstream puts on a topic, encoded. Kafka refuses records over the broker's
+    #: ``message.max.bytes`` (1 MiB by default): a larger event's body goes to PostgreSQL and the topic
+    #: carries a claim check (streams/claims.py); a larger dead letter is truncated, with a digest.
+    max_event_bytes: int = 512 * 1024
+    #: A run whose pending step shows no progress for this long is re-driven by the planner's sweeper
+    #: (its request republished with the same ids).
+    step_timeout_s: float = 60.0
+    #: No run lasts longer than this after it started, with or without a deadline.
+    max_run_s: float = 3600.0
     #: Tracing, metrics and health endpoints (all off unless configured).
     telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings())
 
@@ -104,6 +113,9 @@ class Settings:
             schema_registry_url=os.environ.get("AGENTSTREAM_SCHEMA_REGISTRY_URL") or None,
             session_timeout_ms=_positive_int("AGENTSTREAM_SESSION_TIMEOUT_MS", 10_000),
             fetch_max_wait_ms=_positive_int("AGENTSTREAM_FETCH_MAX_WAIT_MS", 100),
+            max_event_bytes=_positive_int("AGENTSTREAM_MAX_EVENT_BYTES", 512 * 1024),
+            step_timeout_s=_positive_float("AGENTSTREAM_STEP_TIMEOUT_S", 60.0),
+            max_run_s=_positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
             telemetry=TelemetrySettings.load(paths),
         )
 

@@ -23,3 +23,16 @@ class StackError(AgentStreamError):
 
 class MigrationError(AgentStreamError):
     """A database migration failed or an applied migration was edited after it ran."""
+
+
+class Abandoned(AgentStreamError):
+    """This process must not finish the record it is handling: it no longer owns the record's partition
+    (another member took it over after a pause or a network cut). The runtime leaves the record
+    uncommitted and unacknowledged; the partition's new owner handles it."""
+
+
+class Unavailable(AgentStreamError):
+    """A dependency (PostgreSQL, the broker) cannot be reached right now; trying again later may work.
+    Client calls raise it instead of the driver's own exception."""
+
+    retriable = True

@@ -270,10 +270,28 @@ class DeadLetter(Event):
     headers: dict[str, bytes] = field(default_factory=dict)
     error_kind: str
     reason: str
+    #: The original value's size and SHA-256 (hex): a truncated letter still identifies its original, and
+    #: a re-drive checks that what it read back from the source topic is that record. None in old letters.
+    value_size: int | None = None
+    value_sha256: str | None = None
+    #: Cut to fit ``Settings.max_event_bytes`` (streams/dlq.py): ``value`` is a prefix; key, header values
+    #: and reason may be cut too.
+    truncated: bool = False
 
     def problem(self) -> str | None:
         """A dead letter may not know its run (the record it carries may not have decoded)."""
         return None if self.step_id else "step_id is empty"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimCheck(Event):
+    """Stands in for an event whose encoding is larger than a Kafka record may be (streams/claims.py).
+    It keeps the event's id, run and step, so consumers route and de-duplicate it as the event itself."""
+
+    schema_name: ClassVar[str] = _NS + "ClaimCheck"
+    event_type: str
+    digest: str
+    size: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,11 +315,28 @@ class AlertRaised(Event):
         return None if self.step_id else "step_id is empty"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ToolRegistered(Event):
+    """A tool worker serves this tool (compacted ``agent.tools``, key: ``name``, so the topic keeps the
+    latest registration of every tool and submit can check tool names without PostgreSQL). It belongs
+    to no run: ``run_id`` is ``"tools"`` and ``step_id`` is ``tools:{name}`` (streams/tool_catalog.py)."""
+
+    schema_name: ClassVar[str] = _NS + "ToolRegistered"
+    name: str
+    description: str
+    parameters: str  # the arguments' JSON schema, as JSON text (its shape is the tool's own business)
+    requires_approval: bool = False
+    registered_by: str
+
+    def problem(self) -> str | None:
+        return super().problem() or (None if self.name else "name is empty")
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.schema_name: cls
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
                 RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
-                ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised)
+                ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised, ClaimCheck, ToolRegistered)
 }
 
 _RECORDS = (Producer, Message, Passage)

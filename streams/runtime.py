@@ -10,6 +10,15 @@ Guarantees (see docs/architecture.md):
   ``concurrency`` at a time; past ``max_in_flight`` records the runtime pauses fetching;
 - a record that cannot be decoded or is invalid, or whose handler fails for good, goes to the
   dead-letter topic with the reason, and the service carries on;
+- an outage is not a failure (``streams/outages.py``): a handler that fails because PostgreSQL, the
+  broker or the model server is unreachable is retried with capped backoff for as long as the outage
+  lasts, with its partition paused, and readiness says so; attempts made while the dependency's probe
+  fails do not count towards ``RetryPolicy.max_attempts``;
+- partitions are assigned by number and stickily (``streams/assignor.py``): a member owns partition
+  ``p`` of every topic it reads, so a service that joins topics by run (the planner) sees all of a
+  run's events; with ``route_by_run``, an event that arrived on another partition than its run's (a
+  third-party producer with another partitioner) is forwarded there, not handled;
+- an event too large for a record travels as a claim check (``streams/claims.py``), transparently;
 - on shutdown or revocation, in-flight records get ``shutdown_grace_s`` to finish; the rest are
   cancelled uncommitted (the next owner redoes them), done offsets are committed, the group is left.
 
@@ -36,10 +45,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from streams import tracing
+from streams.assignor import copartitioned
+from streams.claims import ClaimStore, EventTooLarge
 from streams.codec import Codec, DecodeError
 from streams.config import Settings
-from streams.events import DeadLetter, Event, InferenceRequested
+from streams.dlq import Rejected, publish_dead_letter
+from streams.errors import Abandoned
+from streams.events import ClaimCheck, Event, InferenceRequested
 from streams.offsets import OffsetTracker
+from streams.outages import Outages, outage_of
 from streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
 from streams.telemetry.metrics import Metrics, ServiceMetrics
 from streams.telemetry.tracing import Tracing, tracing_for
@@ -52,6 +66,10 @@ TYPE_HEADER = "agentstream-type"
 #: of that record (appended: the Kafka record timestamp), so the planner can record where and when the
 #: request it answers was sent and consumed.
 SOURCE_HEADER = "agentstream-source"
+#: On a record the runtime forwarded to its run's partition: "topic:partition:offset" it came from.
+ROUTED_HEADER = "agentstream-routed-from"
+#: Probes of a service's dependencies by name (``streams.outages``): return normally when it answers.
+Probe = Callable[[], Awaitable[object]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +100,10 @@ class ServiceConfig:
     shutdown_grace_s: float = 10.0
     dedup_capacity: int = 100_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: The longest wait between two tries of a record during an outage.
+    outage_backoff_s: float = 5.0
+    #: Forward an event that arrived on another partition than its run's (see the module docstring).
+    route_by_run: bool = False
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -113,6 +135,8 @@ class Runtime:
             linger_ms=linger_ms, request_timeout_ms=30_000,
         )
         self._started = False
+        #: Where events over ``settings.max_event_bytes`` go (a worker sets it; clients have none).
+        self.claims: ClaimStore | None = None
 
     async def start(self) -> None:
         if not self._started:
@@ -140,7 +164,10 @@ class Runtime:
                 hdrs.append((tracing.HEADER, current.encode()))
         if type(event) is InferenceRequested:
             hdrs.append((PROMPT_TOKENS_HEADER, b"%d" % estimate_prompt_tokens(event)))
-        future = await self.producer.send(topic, self.codec.encode(event),
+        value = self.codec.encode(event)
+        if len(value) > self.settings.max_event_bytes:
+            value = await self._claim_check(event, value)
+        future = await self.producer.send(topic, value,
                                           key=(key if key is not None else event.run_id).encode(), headers=hdrs)
         tr = self.tracing
         if traceparent is not None and tr is not None and tr.has_pending_roots:
@@ -151,6 +178,23 @@ class Runtime:
                                      "messaging.system": "kafka", "messaging.destination.name": topic})
                 future.add_done_callback(lambda _f: root.end())
         return future
+
+    async def _claim_check(self, event: Event, value: bytes) -> bytes:
+        """The encoded claim check that stands in for ``event`` (whose encoding is ``value``)."""
+        if self.claims is None:
+            raise EventTooLarge(f"{type(event).__name__} {event.step_id} is {len(value)} bytes encoded, over the "
+                                f"{self.settings.max_event_bytes}-byte limit (AGENTSTREAM_MAX_EVENT_BYTES), and "
+                                "this process has no database for a claim check")
+        return self.codec.encode(await self.claims.check_in(event, value))
+
+    async def redeem(self, event: Event) -> Event:
+        """The event a claim check stands for (any other event as it is)."""
+        if not isinstance(event, ClaimCheck):
+            return event
+        if self.claims is None:
+            raise EventTooLarge(f"{event.event_type} {event.step_id} came as a claim check and this process "
+                                "has no database to read it from")
+        return self.codec.decode(await self.claims.redeem(event))
 
 
 @dataclass
@@ -250,7 +294,8 @@ class ServiceRunner:
 
     def __init__(self, runtime: Runtime, config: ServiceConfig, handler: Handler, *,
                  on_assigned: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
-                 on_revoked: Callable[[set[TopicPartition]], Awaitable[None]] | None = None) -> None:
+                 on_revoked: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
+                 probes: dict[str, Probe] | None = None) -> None:
         self.runtime = runtime
         self.config = config
         self.handler = handler
@@ -264,7 +309,16 @@ class ServiceRunner:
         self._stopping = asyncio.Event()
         self._joined = asyncio.Event()
         self.consumer: AIOKafkaConsumer | None = None
-        self.stats = {"processed": 0, "dead_lettered": 0, "duplicates": 0, "retries": 0}
+        self.stats = {"processed": 0, "dead_lettered": 0, "duplicates": 0, "retries": 0, "outage_retries": 0,
+                      "routed": 0, "abandoned": 0}
+        #: Dependencies being waited out now (readiness reports them).
+        self.outages = Outages()
+        #: How to tell whether a dependency answers (``database``: a trivial query), by name.
+        self.probes: dict[str, Probe] = dict(probes or {})
+        #: Partitions paused because a record of theirs waits for a dependency: how many records.
+        self._held: dict[TopicPartition, int] = {}
+        #: The partitions this runner paused (others may pause more: a test, an operator).
+        self._paused: set[TopicPartition] = set()
         self._failure: BaseException | None = None
         self._tracing = runtime.tracing
         self._metrics: ServiceMetrics | None = (
@@ -289,7 +343,7 @@ class ServiceRunner:
             enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
             max_poll_records=cfg.max_poll_records, session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms, fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-            client_id=f"agentstream-{cfg.name}",
+            client_id=f"agentstream-{cfg.name}", partition_assignment_strategy=(copartitioned(),),
         )
         await self.consumer.start()
         self.consumer.subscribe(list(cfg.topics), listener=_Listener(self))
@@ -317,14 +371,13 @@ class ServiceRunner:
     async def _fetch_loop(self) -> None:
         assert self.consumer is not None
         low_water = self.config.max_in_flight // 2
-        paused = False
+        backlogged = False
         while not self._stopping.is_set():
-            if not paused and self.tracker.in_flight >= self.config.max_in_flight:
-                self.consumer.pause(*self.consumer.assignment())
-                paused = True
-            elif paused and self.tracker.in_flight <= low_water:
-                self.consumer.resume(*self.consumer.paused())
-                paused = False
+            if not backlogged and self.tracker.in_flight >= self.config.max_in_flight:
+                backlogged = True
+            elif backlogged and self.tracker.in_flight <= low_water:
+                backlogged = False
+            self._apply_pauses(backlogged)
             # Keep polling while paused: the call keeps the member alive (max.poll.interval).
             batch = await self.consumer.getmany(timeout_ms=100, max_records=self.config.max_poll_records)
             now = datetime.now(UTC)
@@ -335,6 +388,19 @@ class ServiceRunner:
                                     timestamp_ms=msg.timestamp, headers=dict(msg.headers or ()),
                                     consumed_at=now)
                     self._schedule(tp, record, msg.value)
+
+    def _apply_pauses(self, backlogged: bool) -> None:
+        """Pause every partition while too much is in flight, and those whose records wait out an outage."""
+        assert self.consumer is not None
+        assigned = self.consumer.assignment()
+        wanted = set(assigned) if backlogged else {tp for tp in self._held if tp in assigned}
+        if wanted != self._paused:
+            if wanted - self._paused:
+                self.consumer.pause(*(wanted - self._paused))
+            gone = (self._paused - wanted) & assigned
+            if gone:
+                self.consumer.resume(*gone)
+            self._paused = wanted
 
     def _schedule(self, tp: TopicPartition, record: Record, value: bytes | None) -> None:
         key = record.key if record.key is not None else f"{tp}:{record.offset}".encode()
@@ -377,9 +443,15 @@ class ServiceRunner:
             await asyncio.wait([previous])  # same key: in order; its failure is not ours
         try:
             async with self._sem:
-                await self._handle(record, value)
+                await self._handle(tp, record, value)
         except asyncio.CancelledError:
             raise
+        except Abandoned as exc:
+            # Not ours any more: neither done nor dead-lettered; the partition's new owner redoes it.
+            self.stats["abandoned"] += 1
+            log.warning("%s: %s[%d]@%d abandoned: %s", self.config.name, record.topic, record.partition,
+                        record.offset, exc)
+            return
         except Exception as exc:
             # Neither handled nor dead-lettered (the DLQ itself is unreachable, or a bug): stop the
             # service rather than commit past the record; the next start redelivers it.
@@ -390,7 +462,7 @@ class ServiceRunner:
             return
         self.tracker.done(tp, record.offset)
 
-    async def _handle(self, record: Record, value: bytes | None) -> None:
+    async def _handle(self, tp: TopicPartition, record: Record, value: bytes | None) -> None:
         metrics = self._metrics
         started = time.perf_counter()
         queue_wait = time.time() - record.timestamp_ms / 1000
@@ -408,10 +480,11 @@ class ServiceRunner:
             if metrics is not None:
                 metrics.duplicates.inc()
             return
-        event_type = type(event).__name__
+        misrouted = self.config.route_by_run and record.partition != self.runtime.topics.partition_for(event.run_id)
+        event_type = event.event_type.rsplit(".", 1)[-1] if isinstance(event, ClaimCheck) else type(event).__name__
         span = None
         out_traceparent = None
-        if self._tracing is not None:
+        if self._tracing is not None and not misrouted:
             # None when the run is not sampled; the service (hence its consumer group) and the event
             # type are in the span's name.
             parent = record.headers.get(tracing.HEADER, b"").decode(errors="replace") or None
@@ -421,21 +494,37 @@ class ServiceRunner:
                 "messaging.destination.partition.id": record.partition, "messaging.kafka.offset": record.offset})
         policy = self.config.retry
         attempt = 1
+        outage_rounds = 0
+        outage = None
         try:
             while True:
                 ctx = Context(self.runtime, self.config.name, record, out_traceparent=out_traceparent, span=span,
                               metrics=metrics)
                 tracing.CURRENT.set(ctx.out_traceparent)  # this task's: sends without a header join the trace
                 try:
-                    await self.handler(event, ctx)
-                    await ctx.flush()
+                    if misrouted:
+                        await self._route(record, value, event)
+                    else:
+                        await self.handler(await self.runtime.redeem(event), ctx)
+                        await ctx.flush()
                     break
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, Abandoned):
                     raise
                 except Exception as exc:
                     if metrics is not None:
                         metrics.errors.inc()
-                    retriable = is_retriable(exc) or isinstance(exc, KafkaError)
+                    dependency = outage_of(exc)
+                    if dependency is not None:
+                        if outage is None:
+                            outage = self.outages.begin(dependency, exc)
+                            self._held[tp] = self._held.get(tp, 0) + 1
+                            log.warning("%s: %s is unavailable (%s: %s); %s waits for it, its partition paused",
+                                        self.config.name, dependency, type(exc).__name__, exc, event.step_id)
+                        outage_rounds += 1
+                        self.stats["outage_retries"] += 1
+                        if not await self._wait_out(dependency, outage_rounds):
+                            continue  # the dependency is still down: this try does not count
+                    retriable = dependency is not None or is_retriable(exc) or isinstance(exc, KafkaError)
                     if retriable and attempt < policy.max_attempts:
                         self.stats["retries"] += 1
                         if metrics is not None:
@@ -449,36 +538,65 @@ class ServiceRunner:
                     if span is not None:
                         Tracing.fail(span, f"{kind}: {type(exc).__name__}: {exc}")
                     await self._dead_letter(record, value, kind, f"{type(exc).__name__}: {exc}", run_id=event.run_id)
-                    break
+                    self.stats["processed"] += 1
+                    return  # not remembered as done: a re-driven copy (agentstream dlq redrive) is handled
         finally:
+            if outage is not None:
+                self.outages.end(outage)
+                held = self._held.pop(tp, 1) - 1
+                if held > 0:
+                    self._held[tp] = held
+                log.info("%s: %s went on after %d tries during the %s outage", self.config.name, event.step_id,
+                         outage_rounds, outage.dependency)
             if span is not None:
                 if attempt > 1 or event.attempt:
                     span.set_attributes({"agentstream.attempts": attempt, "agentstream.attempt": event.attempt})
                 span.end()
         if metrics is not None:
             metrics.handled(event_type).observe(time.perf_counter() - started)
-        self.dedup.add(event.event_id)
+        if not misrouted:  # the forwarded copy, if this member owns its partition too, is still to come
+            self.dedup.add(event.event_id)
         self.stats["processed"] += 1
+
+    async def _wait_out(self, dependency: str, rounds: int) -> bool:
+        """Sleep one round of an outage (capped exponential backoff); then True when the dependency's
+        probe answers — the failure was then the record's own, and counts as an attempt — else False."""
+        policy = self.config.retry
+        delay = min(self.config.outage_backoff_s, policy.backoff_s * 2 ** min(rounds - 1, 16))
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        probe = self.probes.get(dependency)
+        if probe is None or rounds < 2:
+            return False
+        try:
+            await asyncio.wait_for(probe(), self.config.outage_backoff_s)
+        except Exception:
+            return False
+        return True
+
+    async def _route(self, record: Record, value: bytes | None, event: Event) -> None:
+        """Forward a record to its run's partition of the same topic, unchanged (its producer used another
+        partitioner); the copy there is handled by the partition's owner, with the run's other events."""
+        partition = self.runtime.topics.partition_for(event.run_id)
+        headers = [(k, v) for k, v in record.headers.items() if k != ROUTED_HEADER]
+        headers.append((ROUTED_HEADER, f"{record.topic}:{record.partition}:{record.offset}".encode()))
+        await (await self.runtime.producer.send(record.topic, value, key=event.run_id.encode(), partition=partition,
+                                                headers=headers))
+        self.stats["routed"] += 1
+        log.info("%s: %s of %s arrived on %s[%d], forwarded to partition %d", self.config.name,
+                 type(event).__name__, event.run_id, record.topic, record.partition, partition)
 
     async def _dead_letter(self, record: Record, value: bytes | None, kind: str, reason: str,
                            run_id: str | None = None) -> None:
+        """Send the record to the dead-letter topic. The letter is built to fit (streams/dlq.py: a prefix of
+        a value too large, with its size and digest) and its publish waits out a broker outage, so a big
+        or poisonous record never stops the service."""
         if run_id is None:
             run_id = record.key.decode(errors="replace") if record.key else ""
-        letter = DeadLetter.build(
+        await publish_dead_letter(self.runtime, Rejected(
             run_id=run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}",
-            service=self.config.name, consumer=self.config.name, source_topic=record.topic, source_partition=record.partition,
-            source_offset=record.offset, key=record.key, value=value, headers=record.headers,
-            error_kind=kind, reason=reason[:4000],
-        )
-        for attempt in range(1, 6):
-            try:
-                await (await self.runtime.send(self.runtime.topics.dlq, letter, key=run_id))
-                break
-            except KafkaError as exc:
-                if attempt == 5:
-                    raise
-                log.warning("%s: dead-letter publish failed (%s); retrying", self.config.name, exc)
-                await asyncio.sleep(self.config.retry.delay(attempt))
+            service=self.config.name, consumer=self.config.name, source_topic=record.topic,
+            source_partition=record.partition, source_offset=record.offset, key=record.key, value=value,
+            headers=record.headers, error_kind=kind, reason=reason))
         self.stats["dead_lettered"] += 1
         if self._metrics is not None:
             self._metrics.dead_letter(kind).inc()
@@ -519,6 +637,7 @@ class ServiceRunner:
         await self._drain(revoked, self.config.shutdown_grace_s)
         await self._commit(revoked)
         self.tracker.forget(revoked)
+        self._paused -= revoked  # a partition that comes back starts unpaused
         if self._on_revoked_cb is not None:
             await self._on_revoked_cb(revoked)
 

@@ -6,13 +6,21 @@ low load a transition is written at once. A batch is one round trip: a JSON docu
 ``agentstream_record_transitions`` function. Each caller still waits for its own transition to commit.
 A run's row is updated only if its version is the one the transition started from; otherwise that
 transition raises ``VersionConflict`` (retriable: the planner reloads and re-decides).
+
+Fencing: a transition carries the partition lease of the planner that made it (``Lease``); the batch
+function refuses it when another planner has taken the partition since (``Fenced``). One run's bad
+data (a value PostgreSQL refuses) never fails the others' transitions: a batch that fails for its
+data is split until the failing transition is alone, and only that one raises ``TransitionRejected``.
+Text that PostgreSQL cannot store (NUL characters, lone surrogates) is replaced before it is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,14 +29,32 @@ from typing import Any
 import asyncpg
 import orjson
 
-from streams.errors import AgentStreamError
+from streams.errors import Abandoned, AgentStreamError
 from streams.events import Event, InferenceRequested
+from streams.outages import outage_of
 
 
 class VersionConflict(AgentStreamError):
     """Another writer moved the run on; reload its state and try again."""
 
     retriable = True
+
+
+class Fenced(Abandoned):
+    """The planner's lease on the run's partition is no longer current: another planner owns it now."""
+
+
+class TransitionRejected(AgentStreamError):
+    """PostgreSQL refused this transition's data (the other transitions of its batch were written)."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A planner's hold on partition ``partition`` of the pipeline on ``prefix``, since ``epoch``."""
+
+    prefix: str
+    partition: int
+    epoch: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +126,8 @@ class Transition:
     sources: Sequence[SourceUpdate] = ()
     steps_requested: Sequence[StepRow] = ()
     steps_completed: Sequence[StepResult] = ()
+    #: The lease this transition was decided under (None: unfenced, e.g. a tool writing outside a planner).
+    lease: Lease | None = None
 
 
 @dataclass
@@ -110,8 +138,55 @@ class _Pending:
 
 def to_json(value: Any) -> str:
     """JSON for PostgreSQL (orjson: datetimes as ISO 8601, bytes as base64). A batch document is
-    built for every group commit, so the encoder's speed shows in the planner's CPU profile."""
-    return orjson.dumps(value, default=_json_default).decode()
+    built for every group commit, so the encoder's speed shows in the planner's CPU profile.
+
+    PostgreSQL's ``jsonb`` and ``text`` refuse NUL characters and lone surrogates, which a model, a tool
+    or a third-party producer can put in any string; they become U+FFFD here, so one run's odd text can
+    never fail a write. The checks cost one substring search when there is nothing to fix."""
+    try:
+        text = orjson.dumps(value, default=_json_default).decode()
+    except orjson.JSONEncodeError:  # a str with lone surrogates is not valid UTF-8
+        text = orjson.dumps(_scrub(value), default=_json_default).decode()
+    if "\\u0000" in text:
+        text = _ESCAPED_NUL.sub(_replace_nul, text)
+    return text
+
+
+def pg_text(value: str | None) -> str | None:
+    """``value`` as PostgreSQL ``text`` can store it (no NUL, no lone surrogates)."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        value = _clean(value)
+    return value
+
+
+#: A run of backslashes before u0000: an odd count means the last one escapes a NUL.
+_ESCAPED_NUL = re.compile(r"(\\+)u0000")
+
+
+def _replace_nul(match: re.Match[str]) -> str:
+    slashes = match.group(1)
+    return slashes + "u0000" if len(slashes) % 2 == 0 else slashes[:-1] + "\\ufffd"
+
+
+def _clean(text: str) -> str:
+    """Pairs of surrogates become their character, lone ones U+FFFD."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return _clean(value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v) for v in value]
+    return value
 
 
 def _json_default(value: Any) -> Any:
@@ -167,28 +242,50 @@ class TransitionStore:
         while self._queue:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             started = time.perf_counter()
-            try:
-                conflicts = await self._write_batch([p.transition for p in batch])
-                self.stats["flush_s"] += time.perf_counter() - started
-            except Exception as exc:
-                for p in batch:
-                    if not p.done.done():
-                        p.done.set_exception(exc)
-                continue
-            self.stats["batches"] += 1
-            self.stats["transitions"] += len(batch)
-            for p in batch:
-                if p.done.done():
-                    continue
-                if p.transition.run.run_id in conflicts:
-                    p.done.set_exception(VersionConflict(f"run {p.transition.run.run_id} moved on concurrently"))
-                else:
-                    p.done.set_result(None)
+            await self._settle(batch)
+            self.stats["flush_s"] += time.perf_counter() - started
 
-    async def _write_batch(self, batch: list[Transition]) -> set[str]:
+    async def _settle(self, batch: list[_Pending]) -> None:
+        """Write ``batch`` and resolve each caller. A batch PostgreSQL refuses for its data is split in
+        halves until the refused transitions are alone, so the others are written (isolation)."""
+        try:
+            conflicts, fenced = await self._write_batch([p.transition for p in batch])
+        except Exception as exc:
+            refused = _refused_for_data(exc)
+            if refused and len(batch) > 1:
+                middle = len(batch) // 2
+                await self._settle(batch[:middle])
+                await self._settle(batch[middle:])
+                return
+            error: BaseException = exc
+            if refused:
+                run_id = batch[0].transition.run.run_id
+                error = TransitionRejected(f"PostgreSQL refused the transition of {run_id}: "
+                                           f"{type(exc).__name__}: {exc}")
+            for p in batch:
+                if not p.done.done():
+                    p.done.set_exception(error)
+            return
+        self.stats["batches"] += 1
+        self.stats["transitions"] += len(batch)
+        for p in batch:
+            if p.done.done():
+                continue
+            run_id = p.transition.run.run_id
+            if run_id in fenced:
+                p.done.set_exception(Fenced(f"run {run_id}: this planner's lease on its partition was taken over"))
+            elif run_id in conflicts:
+                p.done.set_exception(VersionConflict(f"run {run_id} moved on concurrently"))
+            else:
+                p.done.set_result(None)
+
+    async def _write_batch(self, batch: list[Transition]) -> tuple[set[str], set[str]]:
         """One round trip: the batch as one JSON document for ``agentstream_record_transitions``
-        (migration 0003), which writes it in one transaction and returns the conflicting runs."""
+        (migrations 0003, 0008), which writes it in one transaction and returns the runs whose version
+        check failed and those whose lease is stale."""
         doc = {
+            "leases": [{"run_id": t.run.run_id, "prefix": t.lease.prefix, "partition": t.lease.partition,
+                        "epoch": t.lease.epoch} for t in batch if t.lease is not None],
             "new_runs": [_run(t.run) for t in batch if t.run.expected_version is None],
             "updates": [_run(t.run) for t in batch if t.run.expected_version is not None],
             "events": [_event(e) for t in batch for e in t.events],
@@ -203,8 +300,44 @@ class TransitionStore:
                                  "result": c.result, "error": c.error, "completed_at": c.completed_at}
                                 for t in batch for c in t.steps_completed],
         }
-        conflicts = await self.writer.fetchval("SELECT agentstream_record_transitions($1::jsonb)", to_json(doc))
-        return set(conflicts or ())
+        raw = await self.writer.fetchval("SELECT agentstream_record_transitions($1::jsonb)::text", to_json(doc))
+        result = orjson.loads(raw) if raw else {}
+        return set(result.get("conflicts") or ()), set(result.get("fenced") or ())
+
+    # -- leases (fencing) ------------------------------------------------------------------------
+    async def acquire_lease(self, prefix: str, partition: int, owner: str) -> Lease:
+        """Take partition ``partition`` over: a new epoch, which fences every earlier holder. Waits for
+        transitions in flight under the old epoch (they hold the row FOR SHARE), so the caller's next
+        read of the runs sees them."""
+        epoch = await self.writer.fetchval(
+            """INSERT INTO planner_leases (prefix, partition, epoch, owner) VALUES ($1, $2, 1, $3)
+               ON CONFLICT (prefix, partition) DO UPDATE
+                   SET epoch = planner_leases.epoch + 1, owner = EXCLUDED.owner, acquired_at = now()
+               RETURNING epoch""", prefix, partition, owner)
+        return Lease(prefix, partition, epoch)
+
+    async def lease_is_current(self, lease: Lease) -> bool:
+        epoch = await self.pool.fetchval("SELECT epoch FROM planner_leases WHERE prefix = $1 AND partition = $2",
+                                         lease.prefix, lease.partition)
+        return epoch == lease.epoch
+
+    async def stalled(self, topic_prefix: str, *, idle_s: float) -> list[str]:
+        """Active runs of the pipeline on ``topic_prefix`` that have not moved for ``idle_s`` seconds
+        (the sweeper re-drives or expires them), with their states."""
+        rows = await self.pool.fetch(
+            "SELECT state::text AS s FROM runs WHERE status NOT IN ('completed', 'failed')"
+            " AND updated_at < now() - make_interval(secs => $2) AND coalesce(state->>'topic_prefix', '') = $1",
+            topic_prefix, idle_s)
+        return [r["s"] for r in rows]
+
+
+def _refused_for_data(exc: BaseException) -> bool:
+    """PostgreSQL refused the batch for what it holds (a value, a constraint, a size), not because it
+    is unreachable or busy: splitting the batch finds the culprit."""
+    if not isinstance(exc, asyncpg.PostgresError) or outage_of(exc) is not None:
+        return False
+    return not isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError,
+                                asyncpg.exceptions.QueryCanceledError))
 
 
 def _run(r: RunRow) -> dict[str, Any]:
@@ -216,12 +349,24 @@ def _run(r: RunRow) -> dict[str, Any]:
 
 def _event(e: EventRow) -> dict[str, Any]:
     ev = e.event
-    return {"event_id": ev.event_id, "run_id": ev.run_id, "step_id": ev.step_id,
+    return {"event_id": event_uuid(ev.event_id), "run_id": ev.run_id, "step_id": ev.step_id,
             "event_type": type(ev).__name__, "topic": e.topic, "partition": e.partition, "offset": e.offset,
             "produced_at": ev.created_at, "appended_at": e.appended_at, "consumed_at": e.consumed_at,
             "consumed_by": e.consumed_by,
             "producer": f"{ev.producer.service}@{ev.producer.instance}", "traceparent": e.traceparent,
             "payload": _payload(ev)}
+
+
+_FOREIGN_IDS = uuid.UUID("0b0c8f5e-2d1b-4f3e-9a7c-6f1d2e3c4b5a")
+
+
+def event_uuid(event_id: str) -> str:
+    """The ``events.event_id`` (uuid) of an event: its own id, or, for an id a third-party producer made
+    that is not a UUID, a UUIDv5 of it (deterministic, so a copy is still recognised as the same)."""
+    try:
+        return str(uuid.UUID(event_id))
+    except ValueError:
+        return str(uuid.uuid5(_FOREIGN_IDS, event_id))
 
 
 def _payload(event: Event) -> dict[str, Any]:

@@ -1,17 +1,52 @@
-"""Which tools exist: the ``tools`` table, written by tool workers at start, read by submit and the planner.
+"""Which tools exist: the compacted topic ``agent.tools``, written by tool workers, read by submit and the planner.
 
-A tool worker upserts the tools it serves before it joins its consumer group, so a task naming a tool
-is accepted only if some worker has said it can run it.
+A tool worker publishes one ``ToolRegistered`` per tool it serves (key: the tool's name) and waits for the
+broker's acknowledgement before it joins its consumer group, so a task naming a tool is accepted only if
+some worker has said it can run it. Compaction keeps the latest registration of every tool for as long
+as the topic lives.
+
+Why a topic and not a table: submitting a task is publishing to Kafka, and checking its tool names must
+not add PostgreSQL to that path (a database outage used to make every submit fail). One place per
+concept: the topic is the only record of registered tools. The ``tools`` table of migration 0002 is
+neither written nor read any more (nothing else used it); it stays until a migration drops it.
+
+Topics carry the settings' prefix, so each test pipeline and each replay session has a catalogue of
+its own; a replay session that plans without serving tools copies the original's (``copy_catalogue``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import logging
+import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import asyncpg
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from streams.codec import Codec, DecodeError
+from streams.errors import AgentStreamError
+from streams.events import ToolRegistered
+
+if TYPE_CHECKING:
+    from streams.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: The ``run_id`` of every registration: the envelope needs one, and a registration belongs to no run.
+RUN_ID = "tools"
+
+
+class ToolCatalogUnavailable(AgentStreamError):
+    """The tool catalogue could not be read in time: the broker did not answer, or no worker has created
+    the topic yet. Retriable: it says nothing about the task, only about the broker."""
+
+    retriable = True
 
 
 @dataclass(frozen=True)
@@ -24,25 +59,81 @@ class ToolInfo:
     requires_approval: bool = False
 
 
-class ToolCatalog:
-    """A cached view of the ``tools`` table (refreshed every ``ttl_s``, or at once on an unknown name)."""
+def registration(tool: ToolInfo, *, worker: str) -> ToolRegistered:
+    """The event saying that ``worker`` serves ``tool``. Its id is derived from what it says, so a worker
+    that restarts republishes the same event (same id), and a changed tool is a new event."""
+    parameters = json.dumps(tool.parameters, sort_keys=True)
+    content = json.dumps([tool.description, parameters, tool.requires_approval, worker])
+    return ToolRegistered.build(run_id=RUN_ID, step=f"{RUN_ID}:{tool.name}", service="tools",
+                                part=hashlib.sha256(content.encode()).hexdigest()[:16], name=tool.name,
+                                description=tool.description, parameters=parameters,
+                                requires_approval=tool.requires_approval, registered_by=worker)
 
-    def __init__(self, pool: asyncpg.Pool, *, ttl_s: float = 5.0) -> None:
-        self.pool = pool
+
+async def register(runtime: Runtime, tools: Iterable[ToolInfo], *, worker: str) -> None:
+    """Publish the tools a worker serves on ``agent.tools`` and return once the broker has acknowledged
+    every one (``acks=all``): the worker joins its group only then, so no submit that saw the tool can
+    reach a pipeline that has not."""
+    await _publish(runtime, [registration(t, worker=worker) for t in tools])
+
+
+async def _publish(runtime: Runtime, events: list[ToolRegistered]) -> None:
+    acks = [await runtime.send(runtime.topics.tools, e, key=e.name) for e in events]
+    await asyncio.gather(*acks)
+
+
+def _info(event: ToolRegistered) -> ToolInfo | None:
+    """The registration as a ToolInfo, or None when its parameters are not a JSON object (logged: one
+    bad registration must not make every submit fail)."""
+    try:
+        parameters = json.loads(event.parameters)
+    except ValueError:
+        parameters = None
+    if not isinstance(parameters, dict):
+        log.warning("tool catalogue: %s registered by %s has parameters that are not a JSON object; ignored",
+                    event.name, event.registered_by)
+        return None
+    return ToolInfo(event.name, event.description, parameters, event.requires_approval)
+
+
+class ToolCatalog:
+    """A view of ``agent.tools`` (refreshed every ``ttl_s``, or at once on an unknown name).
+
+    One consumer without a group, assigned to the topic's only partition: the first refresh reads it
+    from the beginning up to its end offset, later ones read only what was published since. Every read
+    is bounded by ``timeout_s`` and raises ``ToolCatalogUnavailable`` past it. Concurrent callers share
+    one read: a refresh asked for while another was running waits for the next one, not for a third.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, codec: Codec, *, ttl_s: float = 5.0,
+                 timeout_s: float = 10.0) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.codec = codec
         self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
+        self._tp = TopicPartition(topic, 0)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._events: dict[str, ToolRegistered] = {}
         self._tools: dict[str, ToolInfo] = {}
-        self._loaded_at = 0.0
+        self._loaded_at = -math.inf
+        self._read_started = -math.inf  # when the last successful read began
+        self._lock = asyncio.Lock()
+        self._waiting_for = ""
+
+    @classmethod
+    def for_runtime(cls, runtime: Runtime, **options: Any) -> ToolCatalog:
+        """The catalogue of the pipeline ``runtime`` publishes to (its broker, prefix and codec)."""
+        return cls(runtime.settings.kafka_bootstrap, runtime.topics.tools, runtime.codec, **options)
 
     async def refresh(self) -> dict[str, ToolInfo]:
-        rows = await self.pool.fetch("SELECT name, description, parameters::text AS p, requires_approval FROM tools")
-        self._tools = {r["name"]: ToolInfo(r["name"], r["description"], json.loads(r["p"]), r["requires_approval"])
-                       for r in rows}
-        self._loaded_at = time.monotonic()
+        """Read what has been registered up to now; return every tool by name."""
+        await self._refresh(asked_at=time.monotonic())
         return self._tools
 
     async def all(self) -> dict[str, ToolInfo]:
         if time.monotonic() - self._loaded_at > self.ttl_s:
-            await self.refresh()
+            await self._refresh(asked_at=time.monotonic() - self.ttl_s)  # any read newer than the TTL will do
         return self._tools
 
     async def unknown(self, names: list[str]) -> list[str]:
@@ -58,14 +149,103 @@ class ToolCatalog:
         tools = await self.all()
         return [tools[n] for n in names if n in tools]
 
+    async def registrations(self) -> list[ToolRegistered]:
+        """The latest registration of every tool, as published (after a refresh)."""
+        await self.refresh()
+        return list(self._events.values())
 
-async def register(pool: asyncpg.Pool, tools: list[ToolInfo], *, worker: str) -> None:
-    """Upsert the tools a worker serves."""
-    await pool.executemany(
-        """INSERT INTO tools (name, description, parameters, requires_approval, registered_by, updated_at)
-           VALUES ($1, $2, $3::jsonb, $4, $5, now())
-           ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, parameters = EXCLUDED.parameters,
-               requires_approval = EXCLUDED.requires_approval, registered_by = EXCLUDED.registered_by,
-               updated_at = now()""",
-        [(t.name, t.description, json.dumps(t.parameters), t.requires_approval, worker) for t in tools],
-    )
+    async def close(self) -> None:
+        """Stop the consumer (a later call opens a new one and reads the topic from the beginning)."""
+        async with self._lock:
+            await self._drop_consumer()
+
+    # -- reading -------------------------------------------------------------------------------
+    async def _refresh(self, *, asked_at: float) -> None:
+        """Read to the end, unless a read that began at or after ``asked_at`` has finished meanwhile."""
+        async with self._lock:
+            if self._read_started >= asked_at:
+                return
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await self._read_to_end()
+            except (TimeoutError, KafkaError) as exc:
+                await self._drop_consumer()  # the next refresh starts over from the beginning
+                why = f"no answer within {self.timeout_s:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+                raise ToolCatalogUnavailable(f"cannot read the tool catalogue ({self.topic} on {self.bootstrap}) "
+                                             f"while waiting for {self._waiting_for}: {why}") from exc
+            self._read_started, self._loaded_at = started, time.monotonic()
+
+    async def _read_to_end(self) -> None:
+        fresh = self._consumer is None
+        if self._consumer is None:
+            self._consumer = await self._open()
+        consumer = self._consumer
+        self._waiting_for = "its end offset"
+        end = (await consumer.end_offsets([self._tp]))[self._tp]
+        events = {} if fresh else self._events  # from scratch: a compacted-away tombstone leaves nothing stale
+        self._waiting_for = f"its records up to offset {end}"
+        while await consumer.position(self._tp) < end:
+            batch = await consumer.getmany(self._tp, timeout_ms=200)
+            for record in batch.get(self._tp, []):
+                self._apply(events, record)
+        self._events = events
+        self._tools = {name: info for name, e in events.items() if (info := _info(e)) is not None}
+
+    async def _open(self) -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    isolation_level="read_committed", auto_offset_reset="earliest",
+                                    fetch_max_wait_ms=100)
+        try:
+            self._waiting_for = "the broker"
+            await consumer.start()
+            await self._topic_created(consumer)
+            consumer.assign([self._tp])
+            await consumer.seek_to_beginning(self._tp)
+        except BaseException:
+            await consumer.stop()
+            raise
+        return consumer
+
+    async def _topic_created(self, consumer: AIOKafkaConsumer) -> None:
+        """Return once the topic exists. Asked first because a consumer assigned to a topic that does not
+        exist only times out, and the error should say that no worker has created it yet."""
+        self._waiting_for = f"{self.topic} to exist (tool workers and `agentstream dev up` create it)"
+        while True:
+            if self.topic in await consumer.topics():
+                return
+            await asyncio.sleep(0.2)
+
+    def _apply(self, events: dict[str, ToolRegistered], record: ConsumerRecord) -> None:
+        """The latest record of a key wins; a tombstone (no value) removes the tool."""
+        if record.value is None:
+            if record.key is not None:
+                events.pop(record.key.decode(errors="replace"), None)
+            return
+        try:
+            event = self.codec.decode(record.value)
+        except DecodeError as exc:
+            log.warning("tool catalogue: %s offset %d skipped: %s", self.topic, record.offset, exc)
+            return
+        if isinstance(event, ToolRegistered):
+            events[event.name] = event
+
+    async def _drop_consumer(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+
+async def copy_catalogue(source_topic: str, runtime: Runtime, *, timeout_s: float = 10.0) -> list[str]:
+    """Republish every registration of ``source_topic`` on ``runtime``'s tools topic; return the names.
+
+    A replay session runs on topics of its own and, except in live mode, serves no tools: its planner
+    must still know the tools the original pipeline's workers registered, or it would refuse the
+    replayed task's tools."""
+    source = ToolCatalog(runtime.settings.kafka_bootstrap, source_topic, runtime.codec, timeout_s=timeout_s)
+    try:
+        events = await source.registrations()
+    finally:
+        await source.close()
+    await _publish(runtime, events)
+    return sorted(e.name for e in events)

@@ -1,29 +1,41 @@
 """The topic catalogue: every topic agentstream uses, with its partitions and configs, and its creation.
 
-Topics are created on purpose (the broker has ``auto.create.topics.enable=false``), from this catalogue
-only, so a typo never creates a topic and a compacted topic is never created as a deleting one.
-Names are built by ``Topics`` from an optional prefix, which isolates tests and replays.
+Topics are created on purpose, from this catalogue only, so a typo never creates a topic and a compacted
+topic is never created as a deleting one: our brokers have ``auto.create.topics.enable=false``, and on one
+that does not, no agentstream client asks for a topic to be created (``streams/kafka_metadata.py``) and
+``ensure_topics`` repairs or refuses a topic someone else's client created. Names are built by ``Topics``
+from an optional prefix, which isolates tests and replays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import CoordinatorNotAvailableError, for_code
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import CoordinatorNotAvailableError, InvalidPartitionsError, for_code
 from aiokafka.partitioner import murmur2
 
 from streams.errors import AgentStreamError
 
+log = logging.getLogger(__name__)
+
 _TOPIC_ALREADY_EXISTS = 36
+_DYNAMIC_TOPIC_CONFIG = 1  # DescribeConfigs v1+ config_source: set on the topic itself
 DAY_MS = 24 * 3600 * 1000
 
 
 class TopicMismatch(AgentStreamError):
-    """An existing topic has a different partition count than its specification."""
+    """An existing topic has a partition count that cannot be brought in line with its specification."""
+
+
+class TopicsMissing(AgentStreamError):
+    """Topics a client needs do not exist yet: no worker has created them."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,11 @@ class Topics:
         """AlertRaised events from the alerting app (services/alerts)."""
         return self._t("alerts")
 
+    @property
+    def tools(self) -> str:
+        """ToolRegistered events, key: the tool's name (compacted: the latest registration of each tool)."""
+        return self._t("tools")
+
     def partition_for(self, run_id: str) -> int:
         """The partition of every run-keyed topic that carries ``run_id`` (Kafka's default partitioner)."""
         return (murmur2(run_id.encode()) & 0x7FFFFFFF) % self.partitions
@@ -140,47 +157,175 @@ class Topics:
         specs = [TopicSpec(name, n, rf, configs) for name, configs in run_keyed]
         specs.append(TopicSpec(self.dlq, 1, rf, _retention(30)))
         specs.append(TopicSpec(self.alerts, 1, rf, _retention(30)))  # few, and in one order
+        specs.append(TopicSpec(self.tools, 1, rf, {"cleanup.policy": "compact"}))  # read whole, from the start
         return specs
 
 
 async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_ms: int = 30000) -> list[str]:
-    """Create the topics that do not exist yet; return the names created.
+    """Create the topics that do not exist yet and bring existing ones in line; return the names created.
 
-    Raises ``TopicMismatch`` when an existing topic has fewer or more partitions than specified
-    (keys would hash to other partitions than the code expects), and the broker's error for any
-    other failure.
+    An existing topic may not come from the catalogue: a broker with ``auto.create.topics.enable=true``
+    creates one (its default partition count, ``cleanup.policy=delete``) when any client asks for it. So a
+    config that differs from the catalogue's is altered to the catalogue's value, and a topic with too
+    few partitions that never held a record gets the missing ones (each logged as a warning). A topic
+    with too few partitions that holds records, or with too many, raises ``TopicMismatch``: keys would
+    hash to other partitions than the records already there, or than the code expects. Any other
+    failure raises the broker's error.
     """
     specs = list(specs)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
     await admin.start()
     try:
-        response = await admin.create_topics(
-            [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=dict(s.configs)) for s in specs],
-            timeout_ms=timeout_ms,
-        )
-        created: list[str] = []
-        existing: list[str] = []
-        for entry in response.topic_errors:
-            name, code = entry[0], entry[1]
-            if code == 0:
-                created.append(name)
-            elif code == _TOPIC_ALREADY_EXISTS:
-                existing.append(name)
-            else:
-                message = entry[2] if len(entry) > 2 else ""
-                raise for_code(code)(f"creating topic {name}: {message}")
+        created, existing = await _create_topics(admin, specs, timeout_ms=timeout_ms)
         if existing:
-            wanted = {s.name: s.partitions for s in specs}
-            for description in await _describe_settled(admin, existing, within_s=timeout_ms / 1000):
-                have = len(description["partitions"])
-                if have != wanted[description["topic"]]:
-                    raise TopicMismatch(
-                        f"topic {description['topic']} has {have} partitions, the catalogue says "
-                        f"{wanted[description['topic']]}; migrate it (or delete it in development)"
-                    )
+            old = [s for s in specs if s.name in existing]
+            await _fit_partitions(admin, bootstrap, old, timeout_ms=timeout_ms)
+            await _repair_configs(admin, old)
         return created
     finally:
         await admin.close()
+
+
+async def _create_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *,
+                         timeout_ms: int) -> tuple[list[str], list[str]]:
+    """Ask for every topic; return (created now, existed already)."""
+    response = await admin.create_topics(
+        [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=dict(s.configs)) for s in specs],
+        timeout_ms=timeout_ms,
+    )
+    created: list[str] = []
+    existing: list[str] = []
+    for entry in response.topic_errors:
+        name, code = entry[0], entry[1]
+        if code == 0:
+            created.append(name)
+        elif code == _TOPIC_ALREADY_EXISTS:
+            existing.append(name)
+        else:
+            message = entry[2] if len(entry) > 2 else ""
+            raise for_code(code)(f"creating topic {name}: {message}")
+    return created, existing
+
+
+async def _fit_partitions(admin: AIOKafkaAdminClient, bootstrap: str, specs: list[TopicSpec], *,
+                          timeout_ms: int) -> None:
+    """Refuse every mismatch that cannot be repaired before repairing anything; then add partitions to
+    the empty topics that have too few."""
+    descriptions = await _describe_settled(admin, [s.name for s in specs], within_s=timeout_ms / 1000)
+    have = {d["topic"]: len(d["partitions"]) for d in descriptions}
+    for spec in specs:
+        if have[spec.name] > spec.partitions:
+            raise TopicMismatch(
+                f"topic {spec.name} has {have[spec.name]} partitions, the catalogue says {spec.partitions}, "
+                "and Kafka cannot remove partitions: delete the topic (in development; it is recreated from "
+                f"the catalogue at the next start) or move its records to a topic with {spec.partitions}")
+    short = [s for s in specs if have[s.name] < s.partitions]
+    if not short:
+        return
+    records = await _record_counts(bootstrap, {s.name: have[s.name] for s in short})
+    for spec in short:
+        if records[spec.name]:
+            raise TopicMismatch(
+                f"topic {spec.name} has {have[spec.name]} partitions, the catalogue says {spec.partitions}, "
+                f"and it already holds records: adding partitions would send later events of a run to "
+                f"another partition than its earlier ones. Delete the topic (in development; it is "
+                f"recreated from the catalogue at the next start) or move its records to a topic with "
+                f"{spec.partitions}. It was probably created by a broker with auto.create.topics.enable="
+                f"true: set it to false")
+    await _add_partitions(admin, short, have, within_s=timeout_ms / 1000)
+
+
+async def _record_counts(bootstrap: str, partitions: Mapping[str, int]) -> dict[str, int]:
+    """How many offsets each topic has handed out (the sum of its end offsets): 0 means no record was
+    ever written to it, so its partition count can still change without moving any key."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(
+            [TopicPartition(name, p) for name, count in partitions.items() for p in range(count)])
+    finally:
+        await consumer.stop()
+    counts = dict.fromkeys(partitions, 0)
+    for tp, end in ends.items():
+        counts[tp.topic] += end
+    return counts
+
+
+async def _add_partitions(admin: AIOKafkaAdminClient, specs: list[TopicSpec], have: Mapping[str, int], *,
+                          within_s: float) -> None:
+    """Grow empty topics to the catalogue's partition count and wait until the broker describes them so
+    (a producer started after this must hash keys over all of them). Another worker may be doing the
+    same at the same moment: then the broker refuses ours, and the count it reaches is what counts."""
+    try:
+        await admin.create_partitions({s.name: NewPartitions(s.partitions) for s in specs},
+                                      timeout_ms=int(within_s * 1000))
+    except InvalidPartitionsError:
+        pass  # checked below
+    wanted = {s.name: s.partitions for s in specs}
+    deadline = time.monotonic() + within_s
+    while True:
+        now = {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(list(wanted))}
+        if now == wanted:
+            break
+        if time.monotonic() > deadline:
+            name = next(n for n in wanted if now.get(n) != wanted[n])
+            raise TopicMismatch(f"topic {name} has {now.get(name)} partitions after adding partitions "
+                                f"up to the catalogue's {wanted[name]}")
+        await asyncio.sleep(0.1)
+    for spec in specs:
+        log.warning("topic %s had %d partition(s) and no records; added partitions up to the catalogue's %d "
+                    "(it was probably created by a broker with auto.create.topics.enable=true)",
+                    spec.name, have[spec.name], spec.partitions)
+
+
+async def _repair_configs(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """Alter every config that differs from the catalogue's (e.g. ``cleanup.policy=delete`` on an
+    auto-created ``agent.runs``, which must be compacted). AlterConfigs replaces all of a topic's own
+    settings, so the ones set on the topic outside the catalogue are sent along unchanged."""
+    specs = [s for s in specs if s.configs]
+    if not specs:
+        return
+    current = await _topic_configs(admin, [s.name for s in specs])
+    repairs: list[tuple[TopicSpec, dict[str, str], dict[str, str | None]]] = []
+    for spec in specs:
+        values, own = current[spec.name]
+        wrong = {k: values.get(k) for k, v in spec.configs.items() if values.get(k) != v}
+        if wrong:
+            repairs.append((spec, {**own, **spec.configs}, wrong))
+    if not repairs:
+        return
+    responses = await admin.alter_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, spec.name, configs) for spec, configs, _ in repairs])
+    for response in responses:
+        for code, message, _type, name in response.resources:
+            if code:
+                raise for_code(code)(f"altering the configs of topic {name}: {message}")
+    for spec, _, wrong in repairs:
+        changes = ", ".join(f"{k} {old} → {spec.configs[k]}" for k, old in sorted(wrong.items()))
+        log.warning("topic %s did not have the catalogue's configs; repaired: %s", spec.name, changes)
+
+
+async def _topic_configs(admin: AIOKafkaAdminClient,
+                         names: list[str]) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """Per topic: (every config value in effect, the ones set on the topic itself)."""
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    out: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    for response in responses:
+        for code, message, _type, name, entries in response.resources:
+            if code:
+                raise for_code(code)(f"describing the configs of topic {name}: {message}")
+            values: dict[str, str] = {}
+            own: dict[str, str] = {}
+            for entry in entries:
+                key, value, source = entry[0], entry[1], entry[3]
+                if value is None:  # sensitive: not readable, so neither compared nor resent
+                    continue
+                values[key] = value
+                set_on_topic = source == _DYNAMIC_TOPIC_CONFIG if response.API_VERSION >= 1 else not source
+                if set_on_topic:
+                    own[key] = value
+            out[name] = (values, own)
+    return out
 
 
 async def _describe_settled(admin: AIOKafkaAdminClient, names: list[str], *, within_s: float) -> list[dict]:
@@ -239,3 +384,33 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int
             await admin.delete_topics(doomed, timeout_ms=timeout_ms)
     finally:
         await admin.close()
+
+
+async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: float = 2.0) -> list[str]:
+    """Those of ``names`` the broker does not know. Asks for the list of all topics, which never creates
+    one whatever the broker's settings. A topic another process created a moment ago can be missing from
+    the broker's metadata briefly, so a missing one is looked for again for up to ``within_s``."""
+    names = list(dict.fromkeys(names))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + within_s
+        while True:
+            known = set(await admin.list_topics())
+            missing = [n for n in names if n not in known]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
+async def require_topics(bootstrap: str, names: Iterable[str]) -> None:
+    """Raise ``TopicsMissing`` naming the topics that do not exist (workers create them at start), so a
+    client started before any worker says so at once instead of timing out on its first send."""
+    missing = await missing_topics(bootstrap, names)
+    if missing:
+        raise TopicsMissing(
+            f"topic(s) {', '.join(missing)} do not exist on the broker at {bootstrap}: start a worker first "
+            "(`agentstream worker all`; workers create the catalogue's topics), or run `agentstream dev up`, "
+            "with the same AGENTSTREAM_TOPIC_PREFIX as this client")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from services.planner.actions import Action, ActionError, action_schema, instructions, parse_action
 from services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
@@ -39,6 +39,7 @@ MAX_PARSE_FAILURES = 3
 MODEL_MAX_TOKENS = 256
 RETRIEVAL_K = 4
 RESULT_PREVIEW = 2000  # characters of a tool or retrieval result shown to the model
+MAX_ERROR_CHARS = 4000  # of a run's error: it travels in the outcome event, which stays small
 #: A retrieval the model asks for is answered by the prefetch when this share of its query's words
 #: appear in the task (the prefetch searched for the task text).
 PREFETCH_MATCH = 0.6
@@ -49,12 +50,14 @@ def prefetch_step(run_id: str) -> str:
     return f"{run_id}:prefetch"
 
 
-def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime) -> RunState:
+def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime, max_run: timedelta | None = None) -> RunState:
     """A new run whose first step asks the model what to do (and, unless the task says not to, a
-    retrieval for the task text that starts at the same time)."""
+    retrieval for the task text that starts at the same time). ``max_run``: however long its deadline
+    (or without one), the run fails with ``max_duration`` that long after it started."""
     state = RunState(
         run_id=task.run_id, status=RUNNING, task=task.task, tools=tuple(task.tools),
         max_steps=task.max_steps, deadline=task.deadline, model=task.model,
+        expires_at=now + max_run if max_run is not None else None,
         system_prompt=task.system_prompt, step_index=0, pending_step_id=None, pending_kind=None,
         messages=(Message(role="system", content=instructions(tools, task.system_prompt)),
                   Message(role="user", content=task.task)),
@@ -165,12 +168,25 @@ def cancel(state: RunState, now: datetime, reason: str) -> RunState | None:
     return fail(state, now, "cancelled", reason or "cancelled on request")
 
 
+def time_left(state: RunState, now: datetime) -> float | None:
+    """Seconds until the run's deadline or maximum duration, whichever comes first (None: no limit)."""
+    limits = [t for t in (state.deadline, state.expires_at) if t is not None]
+    return min(limits).timestamp() - now.timestamp() if limits else None
+
+
 def expire(state: RunState, now: datetime) -> RunState | None:
-    """The failed state of a run past its deadline, or None if it still has time (or has ended)."""
-    if state.terminal or state.deadline is None or now < state.deadline:
+    """The failed state of a run past its deadline or maximum duration, or None if it still has time
+    (or has ended)."""
+    if state.terminal:
         return None
-    return fail(state, now, "deadline_exceeded",
-                 f"the deadline {state.deadline.isoformat()} passed after {state.step_index} steps")
+    if state.deadline is not None and now >= state.deadline:
+        return fail(state, now, "deadline_exceeded",
+                    f"the deadline {state.deadline.isoformat()} passed after {state.step_index} steps")
+    if state.expires_at is not None and now >= state.expires_at:
+        return fail(state, now, "max_duration",
+                    f"the run reached its maximum duration ({state.expires_at.isoformat()}) after "
+                    f"{state.step_index} steps (AGENTSTREAM_MAX_RUN_S)")
+    return None
 
 
 def _on_model_reply(state: RunState, reply: InferenceCompleted, now: datetime) -> RunState:
@@ -244,7 +260,7 @@ def _next_step(state: RunState, now: datetime, kind: str, request: dict, new: li
 
 def fail(state: RunState, now: datetime, code: str, reason: str, **changes) -> RunState:
     """The run ended without an answer: ``code`` is machine-readable, ``reason`` is for people."""
-    return state.evolve(status=FAILED, error_code=code, error=reason, pending_step_id=None, pending_kind=None,
+    return state.evolve(status=FAILED, error_code=code, error=_preview(reason, MAX_ERROR_CHARS), pending_step_id=None, pending_kind=None,
                         pending_request={}, updated_at=now, **changes)
 
 

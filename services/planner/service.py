@@ -9,7 +9,19 @@ Per event (the runtime runs a run's events one after another, different runs in 
    the new state, with a version check;
 4. publish ``machine.outputs(state)``; the runtime commits the offset once the broker has them.
 
-Deadlines: a timer fails runs past their deadline through the same per-run queue.
+Deadlines and the sweeper: a timer fails runs past their deadline or maximum duration, and re-drives
+runs that made no progress for longer than the step timeout (their pending request is republished with
+the same ids, so a consumer that has it drops the copy), through the same per-run queue as events. It
+finds them in memory and, every few seconds, in PostgreSQL (runs this planner never cached, expiries
+that failed).
+
+Fencing: Kafka assigns partitions, PostgreSQL decides who may act on them. When a partition is
+assigned, the planner takes a lease on it (a new epoch in ``planner_leases``); every transition carries
+the epoch and is refused once another planner holds a newer one (a planner paused past its session
+timeout, or cut off from the broker, writes nothing over its successor's work), and a planner that
+notices it was paused re-checks its leases before publishing anything. A run's cached state is kept
+across a rebalance only when the lease's epoch shows nobody else held the partition meanwhile; a result
+for a step the cached state does not know is re-checked against the database, never dropped.
 """
 
 from __future__ import annotations
@@ -17,16 +29,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from aiokafka import TopicPartition
 
 from services.planner import machine
-from services.planner.state import AWAITING_APPROVAL, TERMINAL, RunState
-from streams import tracing
+from services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
+from streams import task_rules, tracing
 from streams.events import (
     ApprovalDecided,
     Event,
@@ -38,16 +52,21 @@ from streams.events import (
     TaskSubmitted,
     ToolCallCompleted,
     ToolCallRequested,
+    default_instance,
     event_id_for,
 )
+from streams.outages import outage_of
 from streams.runtime import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
 from streams.store import (
     EventRow,
+    Fenced,
+    Lease,
     RunRow,
     SourceUpdate,
     StepResult,
     StepRow,
     Transition,
+    TransitionRejected,
     TransitionStore,
     VersionConflict,
 )
@@ -59,26 +78,48 @@ RESULT_TYPES = (InferenceCompleted, ToolCallCompleted, RetrievalCompleted)
 REQUEST_TYPE_FOR = {InferenceCompleted: InferenceRequested, ToolCallCompleted: ToolCallRequested,
                     RetrievalCompleted: RetrievalRequested}
 SERVICE_FOR = {InferenceCompleted: "inference", ToolCallCompleted: "tools", RetrievalCompleted: "retrieval"}
-MAX_TASK_STEPS = 1000
+DEFAULT_STEP_TIMEOUT_S = 60.0
+DEFAULT_MAX_RUN_S = 3600.0
 
 
 class Planner:
+    """``step_timeout_s``: a run whose pending step shows no progress for this long is re-driven.
+    ``max_run_s``: no run lasts longer than this after it started, deadline or not.
+    ``sweep_interval_s``: how often PostgreSQL is searched for stalled runs."""
+
     def __init__(self, runtime: Runtime, store: TransitionStore, tools: ToolCatalog, *,
-                 cache_size: int = 100_000, deadline_tick_s: float = 0.25) -> None:
+                 cache_size: int = 100_000, deadline_tick_s: float = 0.25,
+                 step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, max_run_s: float = DEFAULT_MAX_RUN_S,
+                 sweep_interval_s: float | None = None) -> None:
         self.runtime = runtime
         self.store = store
         self.tools = tools
         self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.cache_size = cache_size
         self.deadline_tick_s = deadline_tick_s
+        self.step_timeout_s = step_timeout_s
+        self.max_run = timedelta(seconds=max_run_s)
+        self.sweep_interval_s = sweep_interval_s or min(10.0, max(1.0, step_timeout_s / 4))
         self.assigned: set[int] = set()
         self.runner: ServiceRunner | None = None
-        self._expiring: set[str] = set()
+        #: Partition number -> its lease (resolved once PostgreSQL granted it).
+        self.leases: dict[int, asyncio.Future[Lease]] = {}
+        #: The epoch each partition had when this planner last held it (to tell whether its cache is stale).
+        self._epochs: dict[int, int] = {}
+        #: Leases to re-check before publishing: this process stalled long enough to lose its membership.
+        self._suspect: set[int] = set()
+        self._last_tick = time.monotonic()
+        session_s = runtime.settings.session_timeout_ms / 1000
+        self._stall_s = max(0.5, min(2.0, session_s / 3))
+        self._sweeping: set[str] = set()
+        self._redriven: dict[str, float] = {}
+        self.stats = {"redriven": 0, "expired": 0, "rechecked": 0, "fenced": 0, "rejected": 0}
+        self._taking_over: asyncio.Task | None = None
 
     def service(self, *, concurrency: int = 64, **overrides) -> ServiceRunner:
         topics = self.runtime.topics
         config = ServiceConfig(name="planner", topics=topics.planner_inputs, group_id=topics.group("planner"),
-                               concurrency=concurrency, **overrides)
+                               concurrency=concurrency, route_by_run=True, **overrides)
         self.runner = ServiceRunner(self.runtime, config, self.handle, on_assigned=self._on_assigned,
                                     on_revoked=self._on_revoked)
         return self.runner
@@ -110,11 +151,13 @@ class Planner:
         """A new run. Its row is inserted without looking first: a run id that exists makes the
         insert conflict, which costs a query only on the rare redelivery instead of on every task."""
         now = datetime.now(UTC)
-        problem = await self._task_problem(task)
+        problem = await self._task_problem(task, now)
         tools = await self.tools.describe(task.tools) if problem is None else []
-        state = machine.start(task, tools, now)
+        state = machine.start(task, tools, now, self.max_run)
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
+        elif task.deadline is not None and task.deadline <= now:
+            state = machine.expire(state, now) or state
         state = replace(state, traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
                         topic_prefix=self.runtime.topics.prefix)
         await self._transition(None, state, ctx, task)
@@ -122,6 +165,16 @@ class Planner:
     async def _on_result(self, result: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
                          ctx: Context) -> None:
         state = await self._load(result.run_id)
+        if state is not None and _ahead_of(state, result):
+            # The cache has not seen this step requested: it is older than the database (belt and
+            # braces: leases and co-partitioned assignment should make this impossible).
+            self.stats["rechecked"] += 1
+            self.cache.pop(result.run_id, None)
+            fresher = await self._load(result.run_id)
+            if fresher is not None and fresher.version != state.version:
+                log.warning("planner: cached state of %s was stale (v%d, database v%d); re-checked", result.run_id,
+                            state.version, fresher.version)
+            state = fresher
         new = None
         if state is None:
             log.warning("planner: %s for unknown run %s dropped", type(result).__name__, result.run_id)
@@ -154,15 +207,31 @@ class Planner:
             return
         new = replace(new, last_event_id=consumed.event_id)
         outputs = machine.outputs(new, self.runtime.topics)
-        await self._commit(old, new, outputs, ctx, consumed=consumed)
+        try:
+            await self._commit(old, new, outputs, ctx, consumed=consumed)
+        except TransitionRejected as exc:
+            # This run's data cannot be stored; fail the run (from its last stored state) rather than
+            # leave it waiting for an answer that can never be recorded.
+            self.stats["rejected"] += 1
+            log.error("planner: %s", exc)
+            base = old if old is not None else replace(new, messages=(), pending_request={})
+            new = replace(machine.fail(base, datetime.now(UTC), "internal_error",
+                                       f"the run's next state could not be recorded: {exc}"),
+                          last_event_id=consumed.event_id)
+            outputs = machine.outputs(new, self.runtime.topics)
+            await self._commit(old, new, outputs, ctx, consumed=consumed)
         await self._publish(outputs, new, ctx)
 
-    async def _task_problem(self, task: TaskSubmitted) -> str | None:
-        """Submit refuses bad tasks; this guards against tasks published by other means."""
-        if not task.task.strip():
-            return "the task is empty"
-        if not 1 <= task.max_steps <= MAX_TASK_STEPS:
-            return f"max_steps must be between 1 and {MAX_TASK_STEPS}"
+    async def _task_problem(self, task: TaskSubmitted, now: datetime) -> str | None:
+        """Submit refuses bad tasks; the same rules (streams/task_rules.py) guard against tasks published
+        by other means. A deadline that passed is not a problem of the task: the run fails as late."""
+        problem = (task_rules.event_id_problem(task.event_id)
+                   or task_rules.task_problem(task=task.task, tools=task.tools, max_steps=task.max_steps,
+                                              deadline=None, model=task.model, system_prompt=task.system_prompt,
+                                              metadata=task.metadata, on_tool_error=task.on_tool_error,
+                                              prefetch=task.prefetch, now=now))
+        if problem:
+            return problem
         unknown = await self.tools.unknown(task.tools)
         if unknown:
             return f"unknown tools: {', '.join(unknown)}"
@@ -237,15 +306,21 @@ class Planner:
             submitted_at=new.submitted_at, updated_at=new.updated_at,
             finished_at=new.updated_at if new.status in TERMINAL else None,
         )
+        lease = await self._lease(new.run_id)
         try:
-            await self.store.write(Transition(run=run, events=events, sources=sources,
-                                              steps_requested=requested, steps_completed=completed))
+            await self.store.write(Transition(run=run, events=events, sources=sources, steps_requested=requested,
+                                              steps_completed=completed, lease=lease))
+        except Fenced:
+            self.stats["fenced"] += 1
+            self._lose(lease.partition)
+            raise
         except Exception:
             self.cache.pop(new.run_id, None)  # reload from the database on the retry
             raise
         self._remember(new)
 
     async def _publish(self, outputs: list[tuple[str, Event]], state: RunState, ctx: Context | None) -> None:
+        await self._check_lease(state.run_id)
         for topic, event in outputs:
             if ctx is not None:
                 await ctx.emit(topic, event)
@@ -253,44 +328,199 @@ class Planner:
                 headers = [(tracing.HEADER, tracing.child_of(state.traceparent).encode())]
                 await (await self.runtime.send(topic, event, headers=headers))
 
-    # -- deadlines and partitions ---------------------------------------------------------------
-    async def run_deadlines(self, stop: asyncio.Event) -> None:
-        """Fail runs past their deadline, in each run's own queue (never racing its events)."""
-        while not stop.is_set():
-            await asyncio.sleep(self.deadline_tick_s)
-            now = datetime.now(UTC)
-            for state in list(self.cache.values()):
-                if (state.deadline is not None and not state.terminal and state.deadline <= now
-                        and state.run_id not in self._expiring and self.runner is not None):
-                    self._expiring.add(state.run_id)
-                    self.runner.run_keyed(state.run_id.encode(), lambda r=state.run_id: self._expire(r))
-
-    async def _expire(self, run_id: str) -> None:
+    # -- leases (fencing) ---------------------------------------------------------------------------
+    async def _lease(self, run_id: str) -> Lease:
+        """This planner's lease on the run's partition, once PostgreSQL granted it; ``Fenced`` when the
+        partition is not (or no longer) this planner's."""
+        partition = self.runtime.topics.partition_for(run_id)
+        lease = self.leases.get(partition)
+        if lease is None:
+            raise Fenced(f"partition {partition} (run {run_id}) is not assigned to this planner")
         try:
-            state = await self._load(run_id)
-            new = machine.expire(state, datetime.now(UTC)) if state is not None else None
-            if state is None or new is None:
+            return await asyncio.shield(lease)
+        except asyncio.CancelledError:
+            if lease.cancelled():  # revoked while waiting for it
+                raise Fenced(f"partition {partition} was revoked before its lease was granted") from None
+            raise
+
+    async def _check_lease(self, run_id: str) -> None:
+        """Before publishing: the lease is held and, if this process stalled long enough to have lost
+        its group membership meanwhile, still current in PostgreSQL."""
+        lease = await self._lease(run_id)
+        now = time.monotonic()
+        if now - self._last_tick > self._stall_s:
+            self._suspect.update(self.leases)  # the timer has not run since the stall (or is not running)
+            self._last_tick = now
+        if lease.partition in self._suspect:
+            if not await self.store.lease_is_current(lease):
+                self.stats["fenced"] += 1
+                self._lose(lease.partition)
+                raise Fenced(f"partition {lease.partition} was taken over while this planner was stalled")
+            self._suspect.discard(lease.partition)
+
+    def _lose(self, partition: int) -> None:
+        """Forget a partition another planner took over (its revocation will follow)."""
+        lease = self.leases.pop(partition, None)
+        if lease is not None and not lease.done():
+            lease.cancel()
+        self._forget_cached(lambda p: p == partition)
+
+    def _forget_cached(self, which) -> None:
+        partition_for = self.runtime.topics.partition_for
+        for run_id in [r for r in self.cache if which(partition_for(r))]:
+            del self.cache[run_id]
+
+    async def _take_over(self, leases: dict[int, asyncio.Future[Lease]]) -> None:
+        """Lease the partitions (retrying through a database outage), then load their active runs, so
+        their deadlines are watched at once. A cached run survives only if this planner held its
+        partition right before (the epoch moved by one)."""
+        while True:
+            try:
+                await self._lease_and_load(leases)
                 return
-            outputs = machine.outputs(new, self.runtime.topics)
-            await self._commit(state, new, outputs, None, consumed=None)
-            await self._publish(outputs, new, None)
-        finally:
-            self._expiring.discard(run_id)
+            except Exception:
+                log.exception("planner: taking partitions %s over failed; trying again", sorted(leases))
+                await asyncio.sleep(1.0)
+
+    async def _lease_and_load(self, leases: dict[int, asyncio.Future[Lease]]) -> None:
+        topics = self.runtime.topics
+        fresh: dict[int, Lease] = {}
+        for partition in sorted(leases):
+            lease = await _until_available(lambda p=partition: self.store.acquire_lease(
+                topics.prefix, p, default_instance()), f"leasing partition {partition}")
+            if self._epochs.get(partition) != lease.epoch - 1:
+                self._forget_cached(lambda p, partition=partition: p == partition)
+            self._epochs[partition] = lease.epoch
+            fresh[partition] = lease
+        states = await _until_available(lambda: self.store.active_states(topics.prefix), "loading active runs")
+        for raw in states:
+            state = RunState.from_json(raw)
+            if topics.partition_for(state.run_id) in fresh and state.run_id not in self.cache:
+                self._remember(state)
+        for partition, lease in fresh.items():
+            if not leases[partition].done():  # (cancelled: revoked meanwhile)
+                leases[partition].set_result(lease)
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Load the active runs of the new partitions, so their deadlines are watched at once."""
         topics = self.runtime.topics
         self.assigned = {tp.partition for tp in assigned if tp.topic == topics.tasks}
-        for raw in await self.store.active_states(topics.prefix):
-            state = RunState.from_json(raw)
-            if topics.partition_for(state.run_id) in self.assigned and state.run_id not in self.cache:
-                self._remember(state)
+        loop = asyncio.get_running_loop()
+        new = {p: loop.create_future() for p in self.assigned if p not in self.leases}
+        self.leases.update(new)
+        self._forget_cached(lambda p: p not in self.assigned)
+        if new:
+            self._taking_over = asyncio.create_task(self._take_over(new), name="planner-take-over")
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """The runtime has drained the partitions' records: give their leases up (the cache stays, in
+        case the partition comes straight back; ``_take_over`` decides)."""
         topics = self.runtime.topics
-        gone = {tp.partition for tp in revoked if tp.topic == topics.tasks}
-        for run_id in [r for r in self.cache if topics.partition_for(r) in gone]:
-            del self.cache[run_id]
+        if self._taking_over is not None:
+            self._taking_over.cancel()
+        for partition in {tp.partition for tp in revoked if tp.topic == topics.tasks}:
+            lease = self.leases.pop(partition, None)
+            if lease is not None and not lease.done():
+                lease.cancel()
+            self.assigned.discard(partition)
+
+    # -- deadlines and the sweeper --------------------------------------------------------------
+    async def run_deadlines(self, stop: asyncio.Event) -> None:
+        """Fail runs past their deadline or maximum duration and re-drive stalled ones, each in its run's
+        own queue (never racing its events): from memory every tick, from PostgreSQL every sweep."""
+        next_sweep = time.monotonic() + self.sweep_interval_s
+        while not stop.is_set():
+            await asyncio.sleep(self.deadline_tick_s)
+            tick = time.monotonic()
+            if tick - self._last_tick > self._stall_s + self.deadline_tick_s:
+                log.warning("planner: the process stalled for %.1f s; leases are re-checked before publishing",
+                            tick - self._last_tick)
+                self._suspect.update(self.leases)
+            self._last_tick = tick
+            now = datetime.now(UTC)
+            for state in list(self.cache.values()):
+                if not state.terminal and self._due(state, now):
+                    self._sweep(state.run_id)
+            if tick >= next_sweep:
+                next_sweep = tick + self.sweep_interval_s
+                await self._sweep_database()
+
+    def _due(self, state: RunState, now: datetime) -> bool:
+        left = machine.time_left(state, now)
+        if left is not None and left <= 0:
+            return True
+        return (state.status == RUNNING and (now - state.updated_at).total_seconds() > self.step_timeout_s
+                and time.monotonic() - self._redriven.get(state.run_id, 0.0) > self.step_timeout_s)
+
+    async def _sweep_database(self) -> None:
+        """Stalled runs this planner's memory does not hold (never loaded, evicted, an expiry that
+        failed): PostgreSQL knows them."""
+        try:
+            stalled = await self.store.stalled(self.runtime.topics.prefix, idle_s=self.step_timeout_s)
+        except Exception as exc:
+            log.warning("planner: the sweep could not read the runs (%s: %s); next time", type(exc).__name__, exc)
+            return
+        mine = {p for p, lease in self.leases.items() if lease.done() and not lease.cancelled()}
+        now = datetime.now(UTC)
+        for raw in stalled:
+            state = RunState.from_json(raw)
+            if self.runtime.topics.partition_for(state.run_id) in mine and self._due(state, now):
+                self._sweep(state.run_id)
+        cutoff = time.monotonic() - 4 * self.step_timeout_s
+        self._redriven = {r: t for r, t in self._redriven.items() if t > cutoff}
+
+    def _sweep(self, run_id: str) -> None:
+        if run_id in self._sweeping or self.runner is None:
+            return
+        self._sweeping.add(run_id)
+        task = self.runner.run_keyed(run_id.encode(), lambda: self._sweep_run(run_id))
+        task.add_done_callback(lambda _t: self._sweeping.discard(run_id))
+
+    async def _sweep_run(self, run_id: str) -> None:
+        """Expire the run if its time is up, else re-drive its pending step if it has not moved."""
+        state = await self._load(run_id)
+        if state is None or state.terminal:
+            return
+        now = datetime.now(UTC)
+        new = machine.expire(state, now)
+        if new is not None:
+            outputs = machine.outputs(new, self.runtime.topics)
+            await self._commit(state, new, outputs, None, consumed=None)
+            self.stats["expired"] += 1
+            await self._publish_durably(outputs, new)
+        elif self._due(state, now) and state.status == RUNNING:
+            self._redriven[run_id] = time.monotonic()
+            self.stats["redriven"] += 1
+            log.warning("planner: %s made no progress for %.0f s on %s; republishing its pending request", run_id,
+                        (now - state.updated_at).total_seconds(), state.pending_step_id)
+            await self._publish_durably(machine.outputs(state, self.runtime.topics), state)
+
+    async def _publish_durably(self, outputs: list[tuple[str, Event]], state: RunState) -> None:
+        """Publish outside any record (no redelivery would repair a failure): through a broker outage."""
+        await _until_available(lambda: self._publish(outputs, state, None), f"publishing {state.run_id}")
+
+
+async def _until_available(call, what: str, *, cap_s: float = 5.0):
+    """``await call()``, retried with capped backoff while it fails for an outage (``streams.outages``)."""
+    delay = 0.1
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if outage_of(exc) is None:
+                raise
+            log.warning("planner: %s waits for %s (%s: %s)", what, outage_of(exc), type(exc).__name__, exc)
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        delay = min(cap_s, delay * 2)
+
+
+def _ahead_of(state: RunState, result: Event) -> bool:
+    """True when ``result`` answers a step of the run that ``state`` has not requested yet — so
+    ``state`` is older than what was recorded. Steps are ``{run_id}:{index}:{kind}``."""
+    if "/" in result.step_id or not result.step_id.startswith(state.run_id + ":"):
+        return False  # a tool's own sub-request (services/tools: RetrievalWaiter), or not a step id
+    _run, _, rest = result.step_id.rpartition(":")
+    index = _run.rpartition(":")[2]
+    return index.isdigit() and int(index) >= state.step_index and rest in ("model", "tool", "retrieval")
 
 
 def _source(ctx: Context, result: Event) -> SourceUpdate | None:

@@ -29,6 +29,8 @@ class RunState:
     tools: tuple[str, ...]
     max_steps: int
     deadline: datetime | None
+    #: The latest the run may end even without a deadline (its start plus the maximum run duration).
+    expires_at: datetime | None = None
     model: str | None
     system_prompt: str | None
     #: Steps published so far; the pending step (if any) is step ``step_index``.
@@ -122,4 +124,4 @@ class RunState:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RunState))
-_TIMES = ("deadline", "submitted_at", "updated_at", "prefetch_sent_at", "prefetch_ready_at")
+_TIMES = ("deadline", "expires_at", "submitted_at", "updated_at", "prefetch_sent_at", "prefetch_ready_at")

@@ -33,8 +33,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
 from streams.codec import DecodeError
+from streams.dlq import Rejected, publish_dead_letter
 from streams.events import (
-    DeadLetter,
     Event,
     RetrievalCompleted,
     RetrievalRequested,
@@ -42,6 +42,7 @@ from streams.events import (
     ToolCallRequested,
 )
 from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from streams.store import pg_text, to_json
 
 log = logging.getLogger(__name__)
 SERVICE = "tools"
@@ -157,7 +158,7 @@ class ToolService:
         inserted = await self.pool.fetchval(
             """INSERT INTO tool_calls (step_id, run_id, tool, arguments, status)
                VALUES ($1, $2, $3, $4::jsonb, 'running') ON CONFLICT (step_id) DO NOTHING RETURNING step_id""",
-            event.step_id, event.run_id, event.tool, json.dumps(arguments))
+            event.step_id, event.run_id, event.tool, to_json(arguments))
         if inserted is not None:
             return None
         return await self.pool.fetchrow(
@@ -169,7 +170,8 @@ class ToolService:
             """UPDATE tool_calls SET status = $2, result = $3::jsonb, error = $4, error_kind = $5, attempts = $6,
                                      finished_at = now()
                WHERE step_id = $1""",
-            event.step_id, "failed" if outcome.error is not None else "succeeded", outcome.result, outcome.error,
+            event.step_id, "failed" if outcome.error is not None else "succeeded",
+            None if outcome.result is None else to_json(json.loads(outcome.result)), pg_text(outcome.error),
             outcome.error_kind, outcome.attempts)
 
     async def _replay(self, ctx: Context, event: ToolCallRequested, started: float, row: asyncpg.Record) -> None:
@@ -222,11 +224,13 @@ class ToolService:
         the handler answers the run as well and returns normally. The step id (hence the event id) is the
         call's, so a letter re-sent on a redelivery is recognisably the same letter."""
         record = ctx.record
-        await ctx.emit(ctx.topics.dlq, DeadLetter.build(
+        # Sent and acknowledged here, not through ctx.emit: a letter is built to fit and its publish waits
+        # out a broker outage (streams/dlq.py). It joins the record's trace through tracing.CURRENT.
+        await publish_dead_letter(self.runtime, Rejected(
             run_id=event.run_id, step=f"dlq:{event.step_id}", service=SERVICE, parent_step_id=event.step_id,
             consumer=SERVICE, source_topic=record.topic, source_partition=record.partition,
             source_offset=record.offset, key=record.key, value=self.runtime.codec.encode(event),
-            headers=record.headers, error_kind=RETRIES_EXHAUSTED, reason=reason[:4000]), key=event.run_id)
+            headers=record.headers, error_kind=RETRIES_EXHAUSTED, reason=reason))
 
 
 class _ToolRunner(ServiceRunner):

@@ -4,7 +4,7 @@ Steps, each idempotent:
 
 1. ``ensure_jars``: ``mvn dependency:copy-dependencies`` on ``infra/kafka/pom.xml`` into
    ``<cache>/kafka-<version>/`` (skipped when that directory is complete);
-2. ``start``: render ``infra/kafka/server.properties.in``, format KRaft storage once with
+2. ``start``: render ``infra/kafka/server.properties.in`` (plus the launcher's ``overrides``), format KRaft storage once with
    ``kafka.tools.StorageTool``, start ``kafka.Kafka`` detached, wait until a metadata request succeeds;
 3. ``stop``: SIGTERM by PID, SIGKILL after a grace period.
 """
@@ -19,7 +19,8 @@ import string
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from streams.devstack import process
@@ -61,11 +62,15 @@ def check_java() -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class KafkaLauncher:
+    """``overrides``: broker properties appended to the rendered ``server.properties`` (the last value
+    of a key wins), e.g. ``{"auto.create.topics.enable": "true"}`` to test against Kafka's defaults."""
+
     infra_dir: Path
     cache_dir: Path
     work_dir: Path
     port: int
     controller_port: int
+    overrides: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def version(self) -> str:
@@ -123,9 +128,8 @@ class KafkaLauncher:
     def _render_config(self) -> Path:
         template = string.Template((self.infra_dir / "kafka" / "server.properties.in").read_text())
         config = self.work_dir / "server.properties"
-        config.write_text(template.substitute(
-            port=self.port, controller_port=self.controller_port, data_dir=self.data_dir,
-        ))
+        text = template.substitute(port=self.port, controller_port=self.controller_port, data_dir=self.data_dir)
+        config.write_text(text + _overrides_block(self.overrides))
         return config
 
     def _format_storage(self, config: Path) -> None:
@@ -178,6 +182,19 @@ class KafkaLauncher:
     def stop(ref: process.ProcessRef | None) -> bool:
         """SIGTERM lets the broker shut down cleanly (it deregisters, so the next start is quick)."""
         return process.stop(ref, grace=60)
+
+
+def _overrides_block(overrides: Mapping[str, str]) -> str:
+    """The lines appended to ``server.properties``; a newline in a key or value would smuggle in
+    another property, so it is refused."""
+    if not overrides:
+        return ""
+    lines = ["", "# Overrides passed to KafkaLauncher (the last value of a key wins)."]
+    for key, value in overrides.items():
+        if any(c in f"{key}{value}" for c in "\r\n") or not key.strip():
+            raise StackError(f"invalid broker property override {key!r}={value!r}")
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
 
 
 async def metadata_ok(bootstrap: str, *, request_timeout_ms: int = 2000) -> bool:

@@ -41,6 +41,7 @@ from streams.events import TaskSubmitted, new_run_id
 from streams.outcomes import RunResult
 from streams.replay import timeline
 from streams.replay.diff import RunDiff, WindowReport, diff_runs, window_report
+from streams.tool_catalog import copy_catalogue
 from streams.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class ReplaySession:
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closers: list[Any] = []
+        self._catalogues: set[str] = set()  # topic prefixes whose tool catalogue was copied here
 
     @property
     def prefix(self) -> str:
@@ -218,12 +220,26 @@ class ReplaySession:
         if orig.run["status"] not in ("completed", "failed"):
             raise ReplayError(f"run {original} has not finished (it is {orig.run['status']}); replay it once it has")
         recording = await Recording.load(pool, original)
+        await self._copy_tools(original)
         event = self._task_event(new_run_id(), orig, overrides or Overrides())
         if self.responder is not None:
             self.responder.expect(event.run_id, recording, live_from=from_step)
         await (await self.client.runtime.send(self.client.topics.tasks, event,
                                               headers=[(tracing.HEADER, tracing.new_traceparent().encode())]))
         return event.run_id, recording, orig
+
+    async def _copy_tools(self, original: str) -> None:
+        """Recorded and fork sessions serve no tools of their own, and their topics (``agent.tools``
+        among them) have a prefix of their own: their planner checks the replayed task's tool names
+        against a copy of the catalogue of the pipeline that ran the original (made once per pipeline)."""
+        assert self.worker is not None and self.worker.pool is not None
+        if self.mode == "live":
+            return
+        prefix = await self.worker.pool.fetchval(
+            "SELECT coalesce(state->>'topic_prefix', '') FROM runs WHERE run_id = $1", original)
+        if prefix not in self._catalogues:
+            await copy_catalogue(Topics(prefix).tools, self.worker.runtime)
+            self._catalogues.add(prefix)
 
     async def finish(self, run_id: str, orig: timeline.Timeline, recording: Recording, *,
                      from_step: int | None = None, timeout: float = 300.0) -> Rerun:

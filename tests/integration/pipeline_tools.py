@@ -27,3 +27,13 @@ async def transfer(amount: float, ctx: ToolContext) -> str:
     await ctx.pool.execute("INSERT INTO test_effects (run_id, step_id, label) VALUES ($1, $2, $3)",
                            ctx.run_id, ctx.step_id, f"transfer {amount}")
     return f"transferred {amount}"
+
+
+@tool(description="Return text of the given size (a big tool result).")
+async def big(size: int) -> str:
+    return "x" * size
+
+
+@tool(description="Return the text it is given, as it is.")
+async def echo(text: str) -> str:
+    return text

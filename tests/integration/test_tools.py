@@ -31,6 +31,7 @@ from streams import db
 from streams.codec import codec_for
 from streams.events import DeadLetter, ToolCallRequested
 from streams.testing import Pipeline, end_offsets, isolated, read_events
+from streams.tool_catalog import ToolCatalog
 from tests.integration.tool_fixtures import RUNS_TABLE
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -261,15 +262,14 @@ async def _until(predicate, timeout: float, what: str) -> None:
 async def test_tool_worker_killed_mid_execution_does_not_run_the_tool_again(settings, effects_table, tmp_path):
     s = isolated(settings, f"t{uuid.uuid4().hex[:8]}.")
     log = tmp_path / "tools.log"
-    group = f"{s.topic_prefix}agentstream.tools"
     options = WorkerOptions(backend="scripted", tool_modules=())
     async with Pipeline.start(s, options, services=("planner", "inference")) as pipe:
         pool = await pipe.client.pool()
-        await pool.execute("DELETE FROM tools WHERE registered_by = $1", group)
+        catalog = ToolCatalog.for_runtime(pipe.client.runtime)  # the prefix's own agent.tools: empty so far
         worker = _tools_worker(s, log)
         try:
             async def registered() -> bool:
-                return bool(await pool.fetchval("SELECT count(*) FROM tools WHERE registered_by = $1", group))
+                return not await catalog.unknown(["effect_then_sleep"])
 
             await _until(registered, 30, "the tool worker did not register its tools")
             run_id = await pipe.client.submit(
@@ -290,6 +290,7 @@ async def test_tool_worker_killed_mid_execution_does_not_run_the_tool_again(sett
         finally:
             worker.kill()
             worker.wait()
+            await catalog.close()
         assert result.ok and result.answer == "done", result
         assert await effects() == 1
         status = await pipe.client.status(run_id)

@@ -16,11 +16,14 @@ from streams.errors import AgentStreamError
 
 
 class BackendError(AgentStreamError):
-    """The engine failed a request. ``retriable`` when trying again may succeed (overload, 5xx, I/O)."""
+    """The engine failed a request. ``retriable`` when trying again may succeed (overload, 5xx, I/O):
+    then the model server is having an outage (``dependency``), which the runtime waits out
+    (streams/outages.py) instead of dead-lettering the request."""
 
     def __init__(self, message: str, *, retriable: bool = False) -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.dependency = "model" if retriable else None
 
 
 @dataclass(frozen=True, kw_only=True)
