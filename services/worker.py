@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from streams.claims import ClaimStore
 from streams.codec import codec_for
 from streams.config import Settings
 from streams.events import default_instance
-from streams.outages import DATABASE
+from streams.outages import DATABASE, wait_out
 from streams.outcomes import OutcomeWatcher
 from streams.runtime import Runtime, ServiceRunner, run_services
 from streams.telemetry import discovery
@@ -83,6 +84,26 @@ def make_backend(name: str, **options: Any) -> Backend:
     except ImportError as exc:
         raise SystemExit(f"the {name} backend needs {needs} ({exc})") from exc
     return getattr(module, class_name)(**options)
+
+
+class DatabaseProbe:
+    """Whether PostgreSQL answers (the runtime's probe for the ``database`` dependency). It first
+    replaces the pools' connections, at most every ``refresh_s``: a connection cut off mid-query when
+    the server went away can come back to the pool unusable (asyncpg's InternalClientError), and a
+    record that keeps drawing it would otherwise fail while the database is fine."""
+
+    def __init__(self, pools: list[asyncpg.Pool], *, refresh_s: float = 10.0) -> None:
+        self.pools = pools
+        self.refresh_s = refresh_s
+        self._refreshed = 0.0
+
+    async def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self._refreshed > self.refresh_s:
+            self._refreshed = now
+            for pool in self.pools:
+                await pool.expire_connections()
+        await self.pools[0].fetchval("SELECT 1")
 
 
 class Worker:
@@ -149,17 +170,20 @@ class Worker:
         s = self.settings
         if self.metrics_server is not None:
             await self.metrics_server.start()  # first: probes get "not ready", not "connection refused"
+        # Each step waits out an outage of the broker or the database (a worker started while either
+        # is down, or restarting, waits and says so in /readyz instead of crash-looping).
         self._phase = "creating topics and applying migrations"
-        await ensure_topics(s.kafka_bootstrap, self.runtime.topics.specs())
-        await wait_for_group_coordinator(s.kafka_bootstrap)
-        await migrations.migrate(s.database_url)
+        await wait_out(lambda: ensure_topics(s.kafka_bootstrap, self.runtime.topics.specs()), "creating topics")
+        await wait_out(lambda: wait_for_group_coordinator(s.kafka_bootstrap), "finding the group coordinator")
+        await wait_out(lambda: migrations.migrate(s.database_url), "applying migrations")
         self._phase = "connecting to PostgreSQL"
-        self.pool = await db.create_pool(s.database_url, min_size=1, max_size=10)
+        self.pool = await wait_out(lambda: db.create_pool(s.database_url, min_size=1, max_size=10), "connecting")
         self.runtime.claims = ClaimStore(self.pool)
-        await self.runtime.start()
+        await wait_out(self.runtime.start, "starting the producer")
         if self.metrics_server is not None:
-            await discovery.register(self.pool, self._worker_id, self.names, self.metrics_server.url,
-                                     s.topic_prefix)
+            pool, url = self.pool, self.metrics_server.url
+            await wait_out(lambda: discovery.register(pool, self._worker_id, self.names, url, s.topic_prefix),
+                           "registering the worker")
         overrides = {"session_timeout_ms": s.session_timeout_ms,
                      "heartbeat_interval_ms": max(100, s.session_timeout_ms // 10),
                      "fetch_max_wait_ms": s.fetch_max_wait_ms, **self.options.service_overrides}
@@ -169,7 +193,8 @@ class Worker:
 
             self._phase = "registering tools"
             tools = tools_for(self.options.tool_modules, self.options.builtin)
-            await register(self.runtime, [t.info() for t in tools], worker=self.runtime.topics.group("tools"))
+            await wait_out(lambda: register(self.runtime, [t.info() for t in tools],
+                                            worker=self.runtime.topics.group("tools")), "registering tools")
             self.runners.append(ToolService(self.runtime, self.pool, tools).service(**overrides))
         if "retrieval" in self.names:
             from services.retrieval.service import RetrievalService
@@ -187,20 +212,20 @@ class Worker:
             self.inference = inference = InferenceService(self.runtime, self.backend)
             self.outcomes = OutcomeWatcher(s.kafka_bootstrap, self.runtime.topics.outcomes, s.partitions,
                                            self.runtime.codec, inference.run_ended)
-            await self.outcomes.start()
+            await wait_out(self.outcomes.start, "following the outcomes")
             self.runners.append(inference.service(**overrides))
         if "planner" in self.names:
             from services.planner.service import Planner
             from streams.store import TransitionStore
 
-            self.writer = await db.create_pool(s.database_url, min_size=2, max_size=2)
+            self.writer = await wait_out(lambda: db.create_pool(s.database_url, min_size=2, max_size=2), "connecting")
             self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer),
                                    ToolCatalog.for_runtime(self.runtime), step_timeout_s=s.step_timeout_s,
                                    max_run_s=s.max_run_s)
             self.runners.append(self.planner.service(**overrides))
-        pool = self.pool
+        probe = DatabaseProbe([p for p in (self.pool, self.writer) if p is not None])
         for runner in self.runners:  # how the runtime tells a database outage from a bad record
-            runner.probes.setdefault(DATABASE, lambda: pool.fetchval("SELECT 1"))
+            runner.probes.setdefault(DATABASE, probe)
         self._phase = "joining consumer groups"
         self._started = True
 

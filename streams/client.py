@@ -111,19 +111,23 @@ class AgentClient:
     async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int = 8,
                      deadline: datetime | timedelta | float | None = None, model: str | None = None,
                      system_prompt: str | None = None, metadata: dict[str, str] | None = None,
-                     prefetch: bool = True, on_tool_error: str = "tell_model") -> str:
+                     prefetch: bool = True, on_tool_error: str = "tell_model", run_id: str | None = None) -> str:
         """Validate and publish a task; return its run id. Raises ``TaskRejected``.
 
         ``tools``: the tools the run may call (default: every registered tool). ``deadline``: an absolute
         time, or a duration (timedelta or seconds) from now. ``prefetch``: start retrieval for the task
         text alongside the first model call. ``on_tool_error``: when a tool fails for good,
-        ``tell_model`` (it decides) or ``fail_run``.
+        ``tell_model`` (it decides) or ``fail_run``. ``run_id``: the run's id (default: a new one); a submit
+        retried with the same id and task publishes the same event, so the run starts once however often
+        the call is repeated (after a timeout, a lost connection).
         """
         at = _deadline(deadline)
         tools = await self._check(task, tools, max_steps, at, model, system_prompt, metadata, on_tool_error,
                                   prefetch)
+        if run_id is not None and (problem := task_rules.run_id_problem(run_id)):
+            raise TaskRejected(problem)
         await self.watch_outcomes()  # before publishing: the outcome cannot slip past us
-        run_id = new_run_id()
+        run_id = run_id or new_run_id()
         self._future(run_id)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
                                     tools=tools, max_steps=max_steps, deadline=at, model=model,

@@ -14,12 +14,20 @@ types tell (asyncpg's connection, shutdown and capacity errors; aiokafka's retri
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
+import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 from aiokafka.errors import KafkaError, KafkaTimeoutError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DATABASE = "database"
 KAFKA = "kafka"
@@ -35,6 +43,10 @@ _DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full, out of memory
     asyncpg.InterfaceError,  # "connection is closed", "pool is closing"
+    # A pooled connection cut off mid-query (the server went away) can come back in a state the driver
+    # cannot use ("cannot switch to state 11; another operation is in progress"): the database probe
+    # replaces the pool's connections (services/worker.py).
+    asyncpg.exceptions.InternalClientError,
     ConnectionError,  # refused / reset before asyncpg wraps it (OSError subclasses)
     TimeoutError,  # a connect or pool acquire that got no answer (packets dropped, server hung)
 )
@@ -56,6 +68,23 @@ def outage_of(exc: BaseException) -> str | None:
     if isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and exc.retriable):
         return KAFKA  # KafkaTimeoutError: a record not delivered in time (the broker is down)
     return None
+
+
+async def wait_out(call: Callable[[], Awaitable[T]], what: str, *, cap_s: float = 5.0) -> T:
+    """``await call()``, retried with capped exponential backoff for as long as it fails with an
+    outage (anything else is raised): for work outside any record — starting a worker, taking a
+    partition over, publishing a timer's outputs — which no redelivery would repeat."""
+    delay = 0.1
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            dependency = outage_of(exc)
+            if dependency is None:
+                raise
+            log.warning("%s waits for %s (%s: %s)", what, dependency, type(exc).__name__, exc)
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        delay = min(cap_s, delay * 2)
 
 
 @dataclass
@@ -96,4 +125,4 @@ class Outages:
                          for o in self._current.values())
 
 
-__all__ = ["DATABASE", "KAFKA", "MODEL", "Outage", "Outages", "outage_of"]
+__all__ = ["DATABASE", "KAFKA", "MODEL", "Outage", "Outages", "outage_of", "wait_out"]

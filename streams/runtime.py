@@ -144,9 +144,8 @@ class Runtime:
             self._started = True
 
     async def stop(self) -> None:
-        if self._started:
-            await self.producer.stop()  # flushes what is pending
-            self._started = False
+        await self.producer.stop()  # flushes what is pending (and closes one never started: no warning)
+        self._started = False
 
     async def send(self, topic: str, event: Event, *, key: str | None = None,
                    headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -55,7 +54,7 @@ from streams.events import (
     default_instance,
     event_id_for,
 )
-from streams.outages import outage_of
+from streams.outages import wait_out
 from streams.runtime import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
 from streams.store import (
     EventRow,
@@ -80,6 +79,7 @@ REQUEST_TYPE_FOR = {InferenceCompleted: InferenceRequested, ToolCallCompleted: T
 SERVICE_FOR = {InferenceCompleted: "inference", ToolCallCompleted: "tools", RetrievalCompleted: "retrieval"}
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_RUN_S = 3600.0
+PRUNE_INTERVAL_S = 3600.0
 
 
 class Planner:
@@ -386,13 +386,13 @@ class Planner:
         topics = self.runtime.topics
         fresh: dict[int, Lease] = {}
         for partition in sorted(leases):
-            lease = await _until_available(lambda p=partition: self.store.acquire_lease(
+            lease = await wait_out(lambda p=partition: self.store.acquire_lease(
                 topics.prefix, p, default_instance()), f"leasing partition {partition}")
             if self._epochs.get(partition) != lease.epoch - 1:
                 self._forget_cached(lambda p, partition=partition: p == partition)
             self._epochs[partition] = lease.epoch
             fresh[partition] = lease
-        states = await _until_available(lambda: self.store.active_states(topics.prefix), "loading active runs")
+        states = await wait_out(lambda: self.store.active_states(topics.prefix), "loading active runs")
         for raw in states:
             state = RunState.from_json(raw)
             if topics.partition_for(state.run_id) in fresh and state.run_id not in self.cache:
@@ -428,6 +428,7 @@ class Planner:
         """Fail runs past their deadline or maximum duration and re-drive stalled ones, each in its run's
         own queue (never racing its events): from memory every tick, from PostgreSQL every sweep."""
         next_sweep = time.monotonic() + self.sweep_interval_s
+        next_prune = time.monotonic() + 60.0
         while not stop.is_set():
             await asyncio.sleep(self.deadline_tick_s)
             tick = time.monotonic()
@@ -443,6 +444,21 @@ class Planner:
             if tick >= next_sweep:
                 next_sweep = tick + self.sweep_interval_s
                 await self._sweep_database()
+            if tick >= next_prune:
+                next_prune = tick + PRUNE_INTERVAL_S
+                await self._prune_claims()
+
+    async def _prune_claims(self) -> None:
+        """Claim-check bodies outlive the records that point at them by a day, then go (any planner)."""
+        if self.runtime.claims is None:
+            return
+        try:
+            pruned = await self.runtime.claims.prune()
+        except Exception as exc:
+            log.warning("planner: pruning claim-check bodies failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if pruned:
+            log.info("planner: pruned %d claim-check bodies", pruned)
 
     def _due(self, state: RunState, now: datetime) -> bool:
         left = machine.time_left(state, now)
@@ -496,21 +512,7 @@ class Planner:
 
     async def _publish_durably(self, outputs: list[tuple[str, Event]], state: RunState) -> None:
         """Publish outside any record (no redelivery would repair a failure): through a broker outage."""
-        await _until_available(lambda: self._publish(outputs, state, None), f"publishing {state.run_id}")
-
-
-async def _until_available(call, what: str, *, cap_s: float = 5.0):
-    """``await call()``, retried with capped backoff while it fails for an outage (``streams.outages``)."""
-    delay = 0.1
-    while True:
-        try:
-            return await call()
-        except Exception as exc:
-            if outage_of(exc) is None:
-                raise
-            log.warning("planner: %s waits for %s (%s: %s)", what, outage_of(exc), type(exc).__name__, exc)
-        await asyncio.sleep(delay * (0.5 + random.random() / 2))
-        delay = min(cap_s, delay * 2)
+        await wait_out(lambda: self._publish(outputs, state, None), f"publishing {state.run_id}")
 
 
 def _ahead_of(state: RunState, result: Event) -> bool:

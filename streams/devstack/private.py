@@ -1,0 +1,156 @@
+"""A Kafka broker and a PostgreSQL server of one's own, to break on purpose.
+
+Tests and benchmarks that stop the database, kill the broker or restart either must not do it to the
+shared development stack (other tests, a developer's own runs). ``PrivateStack`` starts both from the
+same launchers ``agentstream dev up`` uses, in a state directory of its own, on free ports (never the
+shared stack's), and can stop, kill and restart each one. It reads no connection settings from the
+environment (``KAFKA_BOOTSTRAP_SERVERS`` may name another cluster), and it keeps a state file in the
+``dev up`` format, so data kept after ``close(keep_data=True)`` can be brought back with
+``AGENTSTREAM_STATE_DIR=<state dir> agentstream dev up`` to look at.
+
+    stack = PrivateStack(tmp_path / "state")
+    await stack.start()
+    settings = stack.settings(topic_prefix="t1.")
+    await stack.stop_postgres()   # fast shutdown: every client loses its connection
+    await stack.start_postgres()
+    await stack.kill_kafka()      # SIGKILL, no clean shutdown
+    await stack.start_kafka()
+    await stack.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+from streams import migrations
+from streams.config import (
+    DEFAULT_DATABASE,
+    DEFAULT_KAFKA_PORT,
+    DEFAULT_POSTGRES_PORT,
+    Settings,
+    StackPaths,
+    read_state,
+)
+from streams.devstack import process
+from streams.devstack.kafka import KafkaLauncher
+from streams.devstack.postgres import PostgresLauncher, default_work_dir
+from streams.errors import StackError
+
+_SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})
+
+
+def free_kafka_port() -> int:
+    """A free port whose successor is free too (Kafka's controller listens on port + 1)."""
+    for _ in range(50):
+        port = process.free_port()
+        if (port + 1 < 65536 and not process.port_in_use("127.0.0.1", port + 1)
+                and not {port, port + 1} & _SHARED_PORTS):
+            return port
+    raise StackError("no two consecutive free ports for Kafka")
+
+
+def _free_port() -> int:
+    for _ in range(50):
+        port = process.free_port()
+        if port not in _SHARED_PORTS:
+            return port
+    raise StackError("no free port for PostgreSQL")
+
+
+class PrivateStack:
+    """Kafka and PostgreSQL in ``state_dir`` on free ports (see the module docstring)."""
+
+    def __init__(self, state_dir: Path, *, broker_overrides: dict[str, str] | None = None) -> None:
+        defaults = StackPaths.from_env()
+        self.paths = StackPaths(cache_dir=defaults.cache_dir, state_dir=state_dir, infra_dir=defaults.infra_dir)
+        port = free_kafka_port()
+        self.kafka = KafkaLauncher(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
+                                   work_dir=state_dir / "kafka", port=port, controller_port=port + 1,
+                                   overrides=broker_overrides or {})
+        run_as = process.RunAs.for_postgres()
+        self.postgres = PostgresLauncher(infra_dir=self.paths.infra_dir, work_dir=default_work_dir(state_dir, run_as),
+                                         port=_free_port(), database=DEFAULT_DATABASE, run_as=run_as)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.bootstrap
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
+
+    def settings(self, *, topic_prefix: str = "", partitions: int = 4, session_timeout_ms: int = 6000) -> Settings:
+        """Settings for this stack only (nothing from the environment's connection variables)."""
+        return Settings(kafka_bootstrap=self.bootstrap, database_url=self.database_url, external_kafka=True,
+                        external_database=True, paths=self.paths, topic_prefix=topic_prefix, partitions=partitions,
+                        session_timeout_ms=session_timeout_ms)
+
+    def env(self) -> dict[str, str]:
+        """What a child process needs to use this stack (and only this stack)."""
+        return {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "DATABASE_URL": self.database_url,
+                "AGENTSTREAM_STATE_DIR": str(self.paths.state_dir),
+                "AGENTSTREAM_KAFKA_PORT": str(self.kafka.port), "AGENTSTREAM_PG_PORT": str(self.postgres.port)}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Both servers (in parallel), then the migrations."""
+        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        self._record(kafka=self.bootstrap, kafka_port=self.kafka.port, kafka_controller_port=self.kafka.controller_port,
+                     kafka_dir=str(self.kafka.work_dir), database_url=self.database_url,
+                     postgres_port=self.postgres.port, postgres_dir=str(self.postgres.work_dir))
+        await asyncio.gather(self.start_kafka(), self.start_postgres())
+        await migrations.migrate(self.database_url)
+
+    async def close(self, *, keep_data: bool = False) -> None:
+        """Stop both servers; delete their data unless ``keep_data``."""
+        await asyncio.to_thread(KafkaLauncher.stop, self._ref("kafka"))
+        await asyncio.to_thread(PostgresLauncher.stop, self._ref("postgres"))
+        self._record(kafka_pid=None, kafka_started=None, postgres_pid=None, postgres_started=None)
+        if not keep_data:
+            shutil.rmtree(self.kafka.work_dir, ignore_errors=True)
+            shutil.rmtree(self.postgres.work_dir, ignore_errors=True)
+
+    # -- faults ------------------------------------------------------------------------------------
+    async def start_kafka(self) -> None:
+        """Start the broker on its data; returns once it answers a metadata request."""
+        ref = await asyncio.to_thread(self.kafka.start)
+        self._record(kafka_pid=ref.pid, kafka_started=ref.started)
+
+    async def kill_kafka(self) -> None:
+        """SIGKILL the broker (no clean shutdown) and wait until it is gone."""
+        ref = self._ref("kafka")
+        if ref is None or not ref.alive():
+            raise StackError("the private broker is not running")
+        os.kill(ref.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.stop, ref, grace=30)  # returns once the JVM is gone
+
+    async def start_postgres(self) -> None:
+        ref = await asyncio.to_thread(self.postgres.start)
+        self._record(postgres_pid=ref.pid, postgres_started=ref.started)
+
+    async def stop_postgres(self) -> None:
+        """Fast shutdown (``pg_ctl stop -m fast``): sessions are rolled back, every client is cut off."""
+        pg = self.postgres
+        bin_dir = await asyncio.to_thread(pg.bin_dir)
+        await asyncio.to_thread(process.run, [str(bin_dir / "pg_ctl"), "-D", str(pg.data_dir), "-m", "fast", "-w",
+                                              "stop"], run_as=pg.run_as, cwd=pg.work_dir)
+
+    # -- the state file ----------------------------------------------------------------------------
+    def _ref(self, name: str) -> process.ProcessRef | None:
+        state = read_state(self.paths.state_file)
+        return process.ProcessRef.from_state(state.get(f"{name}_pid"), state.get(f"{name}_started"))
+
+    def _record(self, **changes: object) -> None:
+        """The state file in ``dev up``'s format, always naming the servers now running."""
+        state = {**read_state(self.paths.state_file), **changes}
+        tmp = self.paths.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({k: v for k, v in state.items() if v is not None}, indent=2) + "\n")
+        os.replace(tmp, self.paths.state_file)
+
+
+__all__ = ["PrivateStack", "free_kafka_port"]
