@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from streams.codec import Codec, DecodeError, codec_for
 from streams.config import Settings
 from streams.errors import AgentStreamError
 from streams.events import DeadLetter, Event, default_instance, utcnow
+from streams.outages import KAFKA, outage_of
 from streams.topics import Topics
 
 if TYPE_CHECKING:
@@ -161,9 +162,8 @@ def size_budgets(max_bytes: int) -> tuple[int, ...]:
 
 
 def is_outage(exc: BaseException) -> bool:
-    """A broker error that goes away by itself (the same rule as streams/outages.py): a record not
-    delivered in time, or an error aiokafka marks retriable. Anything else is a refusal."""
-    return isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and bool(exc.retriable))
+    """A broker error that goes away by itself (streams/outages.py decides). Anything else is a refusal."""
+    return outage_of(exc) == KAFKA
 
 
 def backoff_delay(failures: int) -> float:

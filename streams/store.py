@@ -322,11 +322,14 @@ class TransitionStore:
         return epoch == lease.epoch
 
     async def stalled(self, topic_prefix: str, *, idle_s: float) -> list[str]:
-        """Active runs of the pipeline on ``topic_prefix`` that have not moved for ``idle_s`` seconds
-        (the sweeper re-drives or expires them), with their states."""
+        """The states of the pipeline's runs the sweeper must look at: running runs that have not moved
+        for ``idle_s`` seconds (to re-drive), and active runs past their deadline or maximum duration
+        (to expire; a run waiting for a person is not stalled before that)."""
         rows = await self.pool.fetch(
-            "SELECT state::text AS s FROM runs WHERE status NOT IN ('completed', 'failed')"
-            " AND updated_at < now() - make_interval(secs => $2) AND coalesce(state->>'topic_prefix', '') = $1",
+            """SELECT state::text AS s FROM runs
+               WHERE status NOT IN ('completed', 'failed') AND coalesce(state->>'topic_prefix', '') = $1
+                 AND ((status = 'running' AND updated_at < now() - make_interval(secs => $2))
+                      OR (state->>'deadline')::timestamptz <= now() OR (state->>'expires_at')::timestamptz <= now())""",
             topic_prefix, idle_s)
         return [r["s"] for r in rows]
 
