@@ -3,42 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from services.worker import WorkerOptions
 from streams.testing import Pipeline, isolated
+from tests.integration.processes import start_worker, wait_for
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20
 # Two side effects per run, then an answer; the model takes 150 ms per step, so runs are mid-flight
 # when the planner dies.
 TASK = '[[slow:150]] [[tool:effect {"label": "first"}]] [[tool:effect {"label": "second"}]] [[answer:done]]'
-
-
-def _planner(settings, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
-           "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions),
-           "AGENTSTREAM_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms)}
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", "planner"], env=env, cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT)
-
-
-async def _wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        await asyncio.sleep(0.05)
 
 
 async def test_planner_killed_mid_run_recovers_without_duplicate_effects(settings, effects_table, tmp_path):
@@ -46,7 +24,7 @@ async def test_planner_killed_mid_run_recovers_without_duplicate_effects(setting
     log = tmp_path / "planner.log"
     options = WorkerOptions(backend="scripted", tool_modules=("tests.integration.pipeline_tools",))
     async with Pipeline.start(s, options, services=("inference", "tools")) as pipe:
-        planner = _planner(s, log)
+        planner = start_worker(s, "planner", log)
         try:
             pool = await pipe.client.pool()
             run_ids = [await pipe.client.submit(TASK, tools=["effect"], max_steps=8) for _ in range(RUNS)]
@@ -54,14 +32,14 @@ async def test_planner_killed_mid_run_recovers_without_duplicate_effects(setting
             async def some_effects() -> bool:
                 return await pool.fetchval("SELECT count(*) FROM test_effects WHERE run_id = ANY($1)", run_ids) >= 5
 
-            await _wait_for(some_effects, 60)
+            await wait_for(some_effects, 60, "five effects")
             planner.send_signal(signal.SIGKILL)
             planner.wait()
             at_kill = await pool.fetchval("SELECT count(*) FROM runs WHERE run_id = ANY($1) AND status = 'completed'",
                                           run_ids)
             assert at_kill < RUNS, "the planner was killed after every run had finished: nothing was tested"
 
-            planner = _planner(s, log)
+            planner = start_worker(s, "planner", log)
             results = await asyncio.gather(*(pipe.client.wait(r, timeout=90) for r in run_ids))
         finally:
             planner.kill()
