@@ -25,7 +25,6 @@ import base64
 import contextlib
 import hashlib
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -43,7 +42,7 @@ from streams.codec import Codec, DecodeError, codec_for
 from streams.config import Settings
 from streams.errors import AgentStreamError
 from streams.events import DeadLetter, Event, default_instance, utcnow
-from streams.outages import KAFKA, outage_of
+from streams.outages import KAFKA, backoff, outage_of
 from streams.topics import Topics
 
 if TYPE_CHECKING:
@@ -168,8 +167,7 @@ def is_outage(exc: BaseException) -> bool:
 
 def backoff_delay(failures: int) -> float:
     """Seconds to wait after the ``failures``-th failed publish: doubling, capped, jittered."""
-    base = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** min(failures - 1, 16))
-    return base * (0.5 + random.random() / 2)
+    return backoff(failures, base_s=BACKOFF_S, cap_s=MAX_BACKOFF_S)
 
 
 async def publish_dead_letter(runtime: Runtime, rejected: Rejected, *,

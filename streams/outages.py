@@ -70,11 +70,17 @@ def outage_of(exc: BaseException) -> str | None:
     return None
 
 
+def backoff(attempt: int, *, base_s: float, cap_s: float) -> float:
+    """Seconds to wait before try ``attempt + 1``: doubling from ``base_s``, capped at ``cap_s``, with
+    jitter (half to all of it) so that many waiters do not retry in step. The one backoff of the project."""
+    return min(cap_s, base_s * 2 ** min(attempt - 1, 32)) * (0.5 + random.random() / 2)
+
+
 async def wait_out(call: Callable[[], Awaitable[T]], what: str, *, cap_s: float = 5.0) -> T:
     """``await call()``, retried with capped exponential backoff for as long as it fails with an
     outage (anything else is raised): for work outside any record — starting a worker, taking a
     partition over, publishing a timer's outputs — which no redelivery would repeat."""
-    delay = 0.1
+    failures = 0
     while True:
         try:
             return await call()
@@ -83,8 +89,8 @@ async def wait_out(call: Callable[[], Awaitable[T]], what: str, *, cap_s: float 
             if dependency is None:
                 raise
             log.warning("%s waits for %s (%s: %s)", what, dependency, type(exc).__name__, exc)
-        await asyncio.sleep(delay * (0.5 + random.random() / 2))
-        delay = min(cap_s, delay * 2)
+        failures += 1
+        await asyncio.sleep(backoff(failures, base_s=0.1, cap_s=cap_s))
 
 
 @dataclass
@@ -125,4 +131,4 @@ class Outages:
                          for o in self._current.values())
 
 
-__all__ = ["DATABASE", "KAFKA", "MODEL", "Outage", "Outages", "outage_of", "wait_out"]
+__all__ = ["DATABASE", "KAFKA", "MODEL", "Outage", "Outages", "backoff", "outage_of", "wait_out"]

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,7 +52,7 @@ from streams.dlq import Rejected, publish_dead_letter
 from streams.errors import Abandoned
 from streams.events import ClaimCheck, Event, InferenceRequested
 from streams.offsets import OffsetTracker
-from streams.outages import Outages, outage_of
+from streams.outages import Outages, backoff, outage_of
 from streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
 from streams.telemetry.metrics import Metrics, ServiceMetrics
 from streams.telemetry.tracing import Tracing, tracing_for
@@ -79,8 +78,7 @@ class RetryPolicy:
     max_backoff_s: float = 5.0
 
     def delay(self, attempt: int) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
-        return base * (0.5 + random.random() / 2)
+        return backoff(attempt, base_s=self.backoff_s, cap_s=self.max_backoff_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,12 +105,11 @@ class ServiceConfig:
 
 
 def is_retriable(exc: BaseException) -> bool:
-    """Errors that say so, broker hiccups, and lost database connections are worth another try."""
+    """Errors that say so, and transaction conflicts, are worth a few more tries (an outage — a lost
+    connection, a broker away — is waited out instead: ``streams.outages.outage_of``)."""
     if getattr(exc, "retriable", False):
         return True
-    return isinstance(exc, (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, ConnectionError,
-                            asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError,
-                            TimeoutError))
+    return isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError))
 
 
 _FROM_SETTINGS: object = object()
@@ -504,7 +501,8 @@ class ServiceRunner:
                     if misrouted:
                         await self._route(record, value, event)
                     else:
-                        await self.handler(await self.runtime.redeem(event), ctx)
+                        await self.handler(await self.runtime.redeem(event) if isinstance(event, ClaimCheck)
+                                           else event, ctx)
                         await ctx.flush()
                     break
                 except (asyncio.CancelledError, Abandoned):
@@ -561,8 +559,7 @@ class ServiceRunner:
         """Sleep one round of an outage (capped exponential backoff); then True when the dependency's
         probe answers — the failure was then the record's own, and counts as an attempt — else False."""
         policy = self.config.retry
-        delay = min(self.config.outage_backoff_s, policy.backoff_s * 2 ** min(rounds - 1, 16))
-        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        await asyncio.sleep(backoff(rounds, base_s=policy.backoff_s, cap_s=self.config.outage_backoff_s))
         probe = self.probes.get(dependency)
         if probe is None or rounds < 2:
             return False
