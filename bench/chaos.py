@@ -71,11 +71,11 @@ from chaos_procs import (
 from chaos_report import logs_dir, print_summary, print_tails
 from chaos_tools import CREATE_EFFECTS_TABLE
 
-from streams.client import AgentClient
-from streams.codec import codec_for
-from streams.config import REPO_ROOT, Settings
-from streams.devstack import process
-from streams.devstack.private import PrivateStack
+from agentstream.devstack import process
+from agentstream.devstack.private import PrivateStack
+from agentstream.streams.client import AgentClient
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
 
 SESSION_TIMEOUT_MS = 6000
 TOOLS_MODULE = "bench.chaos_tools"
@@ -140,7 +140,7 @@ async def ingest_notes(stack: PrivateStack, directory: Path) -> None:
     """``agentstream ingest`` of a few notes, so retrieval has something to find."""
     await asyncio.to_thread(write_notes, directory)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "streams.cli", "ingest", str(directory), "--json", cwd=REPO_ROOT,
+        sys.executable, "-m", "agentstream.cli", "ingest", str(directory), "--json",
         env=child_env(stack, {}), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     if proc.returncode != 0:

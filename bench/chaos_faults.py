@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from chaos_procs import Supervisor
 
-from streams.devstack.private import PrivateStack
+from agentstream.devstack.private import PrivateStack
 
 SERVICES = ("planner", "inference", "tools", "retrieval")
 MODEL_SERVER = "model-server"

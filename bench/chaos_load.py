@@ -22,10 +22,10 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams import tracing
-from streams.client import AgentClient
-from streams.codec import Codec, DecodeError
-from streams.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
+from agentstream.streams import tracing
+from agentstream.streams.client import AgentClient
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
 
 log = logging.getLogger("chaos")
 

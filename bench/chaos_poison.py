@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaProducer
 
-from streams.codec import Codec
-from streams.events import (
+from agentstream.streams.codec import Codec
+from agentstream.streams.events import (
     Event,
     InferenceCompleted,
     InferenceRequested,
@@ -36,7 +36,7 @@ from streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from streams.topics import Topics
+from agentstream.streams.topics import Topics
 
 POISON_PREFIX = "poison-"
 POISON_LARGE_BYTES = 2 * 1024 * 1024

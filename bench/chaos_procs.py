@@ -2,7 +2,7 @@
 ports, the model server and the workers, each tracked by PID so the suite only ever signals what it
 started itself (never the shared dev stack on 39092/35432, never a process found by name).
 
-The stack is a ``streams.devstack.private.PrivateStack`` (the launchers ``agentstream dev up`` uses, in a
+The stack is a ``agentstream.devstack.private.PrivateStack`` (the launchers ``agentstream dev up`` uses, in a
 state directory of its own, on free ports), which can kill and restart either server; ``Supervisor`` runs the model server and
 the workers like an orchestrator would: a process that exits without the suite asking is recorded (with
 its log's tail) and started again after a backoff, because a real deployment restarts crashed workers and
@@ -26,9 +26,8 @@ from pathlib import Path
 import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams.config import REPO_ROOT
-from streams.devstack import process
-from streams.devstack.private import PrivateStack
+from agentstream.devstack import process
+from agentstream.devstack.private import PrivateStack
 
 #: Environment a worker must not inherit from whoever runs the suite: it would point the worker at
 #: another cluster, database, prefix or state directory than the suite's own.
@@ -116,7 +115,7 @@ class Supervisor:
         with open(spec.log, "ab") as log, open(os.devnull, "rb") as devnull:
             log.write(f"\n===== chaos: starting {name} at {time.strftime('%H:%M:%S')} =====\n".encode())
             log.flush()
-            slot.proc = subprocess.Popen(spec.argv, env=spec.env, cwd=REPO_ROOT, stdin=devnull, stdout=log,
+            slot.proc = subprocess.Popen(spec.argv, env=spec.env, stdin=devnull, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          preexec_fn=_die_with_parent)
         slot.started, slot.held, slot.paused, slot.restart_at = time.time(), False, False, None
@@ -205,16 +204,16 @@ class Supervisor:
 
 def worker_argv(service: str, model_url: str, tools_module: str) -> list[str]:
     """``agentstream worker SERVICE`` with what the suite needs for that service."""
-    argv = [sys.executable, "-m", "streams.cli", "worker", service, "--log-level", "INFO"]
+    argv = [sys.executable, "-m", "agentstream.cli", "worker", service, "--log-level", "INFO"]
     if service == "inference":
         argv += ["--backend", "openai", "--base-url", model_url, "--model", "scripted"]
     if service == "tools":
-        argv += ["--tools", "services.tools.builtin", "--tools", tools_module]
+        argv += ["--tools", "agentstream.services.tools.builtin", "--tools", tools_module]
     return argv
 
 
 def model_server_argv(port: int) -> list[str]:
-    return [sys.executable, "-m", "services.inference.scripted_server", "--port", str(port)]
+    return [sys.executable, "-m", "agentstream.services.inference.scripted_server", "--port", str(port)]
 
 
 def child_env(stack: PrivateStack, extra: dict[str, str]) -> dict[str, str]:

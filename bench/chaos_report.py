@@ -6,8 +6,8 @@ from pathlib import Path
 
 from chaos_procs import TAIL_LINES
 
-from streams.devstack import process
-from streams.devstack.private import PrivateStack
+from agentstream.devstack import process
+from agentstream.devstack.private import PrivateStack
 
 
 def print_summary(result: dict) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.tools.registry import ToolContext, tool
+from agentstream.services.tools.registry import ToolContext, tool
 
 EFFECTS_TABLE = "chaos_effects"
 #: How long a side-effect call stays open after its insert (seconds): a window for SIGKILL to land in.

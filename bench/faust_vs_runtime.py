@@ -24,19 +24,19 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streams.config import Settings
-from streams.devstack.stack import DevStack
-from streams.topics import TopicSpec, ensure_topics
+from agentstream.devstack.stack import DevStack
+from agentstream.streams.config import Settings
+from agentstream.streams.topics import TopicSpec, ensure_topics
 
 HERE = Path(__file__).resolve().parent
 PARTITIONS = 4
 
 RUNTIME_WORKER = """
 import asyncio, os, signal
-from streams.codec import codec_for
-from streams.config import Settings
-from streams.runtime import Runtime, ServiceConfig, ServiceRunner
-from streams.events import TokenChunk
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.runtime import Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.events import TokenChunk
 
 async def main():
     settings = Settings.load()
@@ -72,8 +72,8 @@ async def run(kind: str, bootstrap: str, events: int) -> dict[str, float]:
     await ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in topics.values()])
     env = {**os.environ, **topics, "APP_ID": f"bench-{kind}-{tag}", "BOOTSTRAP": bootstrap,
            "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "PARTITIONS": str(PARTITIONS)}
-    from streams.codec import codec_for
-    from streams.events import TokenChunk
+    from agentstream.streams.codec import codec_for
+    from agentstream.streams.events import TokenChunk
 
     codec = codec_for(Settings.load())
 

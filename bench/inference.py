@@ -40,14 +40,14 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
-from services.inference.backends.llamacpp import LlamaCppBackend
-from streams.codec import codec_for
-from streams.config import Settings
-from streams.devstack.stack import DevStack
-from streams.events import InferenceCompleted, InferenceRequested, Message, TokenChunk, step_id
-from streams.runtime import Runtime
-from streams.topics import Topics, ensure_topics
+from agentstream.devstack.stack import DevStack
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
+from agentstream.services.inference.backends.llamacpp import LlamaCppBackend
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.events import InferenceCompleted, InferenceRequested, Message, TokenChunk, step_id
+from agentstream.streams.runtime import Runtime
+from agentstream.streams.topics import Topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS = 8
@@ -192,7 +192,7 @@ async def pipeline(settings: Settings, levels: list[int], rounds: int, max_token
 def start_worker(settings: Settings, threads: int | None) -> subprocess.Popen:
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
            "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions)}
-    return subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", "inference", "--backend", "llamacpp",
+    return subprocess.Popen([sys.executable, "-m", "agentstream.cli", "worker", "inference", "--backend", "llamacpp",
                              "--slots", str(SLOTS), *(["--threads", str(threads)] if threads else []),
                              "--log-level", "WARNING"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -47,19 +47,19 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from services.inference.backends.base import ChatMessage
-from services.inference.backends.scripted import scripted_reply
-from services.planner import machine
-from services.tools.builtin import evaluate
-from streams.client import AgentClient
-from streams.config import Settings
-from streams.devstack.stack import DevStack
-from streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
-from streams.telemetry import tracing as telemetry_tracing
-from streams.telemetry.discovery import discover
-from streams.telemetry.tracing import Tracing
-from streams.tool_catalog import ToolInfo
-from streams.topics import Topics
+from agentstream.devstack.stack import DevStack
+from agentstream.services.inference.backends.base import ChatMessage
+from agentstream.services.inference.backends.scripted import scripted_reply
+from agentstream.services.planner import machine
+from agentstream.services.tools.builtin import evaluate
+from agentstream.streams.client import AgentClient
+from agentstream.streams.config import Settings
+from agentstream.streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
+from agentstream.streams.telemetry import tracing as telemetry_tracing
+from agentstream.streams.telemetry.discovery import discover
+from agentstream.streams.telemetry.tracing import Tracing
+from agentstream.streams.tool_catalog import ToolInfo
+from agentstream.streams.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +202,7 @@ def start_workers(settings: Settings, layout: str, log_dir: Path,
     procs = []
     for group in groups:
         log = open(log_dir / f"worker-{group[0]}.log", "ab")
-        procs.append(subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", *group, "--log-level", "WARNING"],
+        procs.append(subprocess.Popen([sys.executable, "-m", "agentstream.cli", "worker", *group, "--log-level", "WARNING"],
                                       env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
     return procs
 

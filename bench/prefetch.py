@@ -22,10 +22,10 @@ import statistics
 import uuid
 from dataclasses import replace
 
-from services.worker import WorkerOptions
-from streams.config import Settings
-from streams.devstack.stack import DevStack
-from streams.testing import Pipeline
+from agentstream.devstack.stack import DevStack
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.config import Settings
+from agentstream.testing import Pipeline
 
 DOC = ("Log compaction keeps the latest value for every key of a Kafka topic and removes older values, "
        "so a compacted topic works as a changelog that can rebuild a table.")

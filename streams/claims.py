@@ -23,8 +23,8 @@ from datetime import timedelta
 
 import asyncpg
 
-from streams.errors import AgentStreamError
-from streams.events import ClaimCheck, Event
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.events import ClaimCheck, Event
 
 #: Bodies older than this are deleted by ``prune`` (a day longer than the run topics' retention).
 KEEP = timedelta(days=8)

@@ -24,20 +24,27 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams import task_rules, tracing
-from streams.codec import DecodeError, codec_for
-from streams.config import Settings
-from streams.errors import AgentStreamError, Unavailable
-from streams.events import ApprovalDecided, RunCancelRequested, TaskSubmitted, TokenChunk, new_run_id
-from streams.outages import DATABASE, outage_of
-from streams.outcomes import OutcomeWatcher, RunResult
-from streams.runtime import Runtime
-from streams.tool_catalog import ToolCatalog
+from agentstream.streams import task_rules, tracing
+from agentstream.streams.codec import DecodeError, codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.errors import AgentStreamError, Unavailable
+from agentstream.streams.events import (
+    ApprovalDecided,
+    RunCancelRequested,
+    TaskSubmitted,
+    TokenChunk,
+    new_run_id,
+)
+from agentstream.streams.kinds import TERMINAL_STATUSES, RunStatus, StepKind, StepStatus
+from agentstream.streams.outages import DATABASE, outage_of
+from agentstream.streams.outcomes import OutcomeWatcher, RunResult
+from agentstream.streams.runtime import Runtime
+from agentstream.streams.tool_catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,52 @@ class TokenEvent:
     step_id: str
     seq: int
     text: str
+
+
+class StepDetails(TypedDict):
+    """One of a run's steps (a row of ``steps``), as ``AgentClient.status`` returns it."""
+
+    step_index: int
+    kind: StepKind
+    status: StepStatus
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    error: str | None
+    requested_at: datetime
+    completed_at: datetime | None
+
+
+class RunDetails(TypedDict):
+    """A run (its row of ``runs``) and its steps, as ``AgentClient.status`` returns it."""
+
+    run_id: str
+    status: RunStatus
+    task: str
+    step_count: int
+    answer: str | None
+    error_code: str | None
+    error: str | None
+    submitted_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    steps: list[StepDetails]
+
+
+class RecordedEvent(TypedDict):
+    """One recorded event of a run (a row of ``events``), as ``AgentClient.events`` returns it."""
+
+    event_id: str
+    step_id: str | None
+    event_type: str
+    topic: str
+    partition: int | None
+    offset: int | None
+    produced_at: datetime
+    appended_at: datetime | None
+    consumed_at: datetime | None
+    consumed_by: str | None
+    producer: str  # "{service}@{instance}"
+    payload: dict[str, Any]
 
 
 class AgentClient:
@@ -81,7 +134,7 @@ class AgentClient:
     async def start(self) -> None:
         """Connect. Raises ``TopicsMissing`` when the topics the client sends to and reads from do not
         exist yet (no worker has created them), rather than a timeout on the first send or wait."""
-        from streams.topics import require_topics
+        from agentstream.streams.topics import require_topics
 
         try:
             await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools read
@@ -230,7 +283,7 @@ class AgentClient:
                     self._futures.pop(run_id, None)
                     raise
                 row = None  # its outcome cannot have been published before the watcher started
-            if row is not None and row["status"] in ("completed", "failed"):
+            if row is not None and row["status"] in TERMINAL_STATUSES:
                 return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
                                  row["step_count"], float(row["ms"]))
         result = await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -257,9 +310,7 @@ class AgentClient:
             if from_offset is None:
                 from_offset = await self._first_offset(consumer, tp, run_id)
             consumer.seek(tp, from_offset)
-            if await self._finished(run_id):
-                outcome = asyncio.get_running_loop().create_future()
-                outcome.set_result(None)
+            finished = await self._finished(run_id)  # ended before we looked: its outcome is not awaited
             seen: set[tuple[str, int]] = set()
             end: int | None = None
             while True:
@@ -274,7 +325,7 @@ class AgentClient:
                     if isinstance(chunk, TokenChunk) and (chunk.step_id, chunk.seq) not in seen:
                         seen.add((chunk.step_id, chunk.seq))  # a regenerated step repeats its chunks
                         yield TokenEvent(offset=msg.offset, step_id=chunk.step_id, seq=chunk.seq, text=chunk.text)
-                if end is None and outcome.done():
+                if end is None and (finished or outcome.done()):
                     # Every token of the run was acknowledged before its outcome was published.
                     end = (await consumer.end_offsets([tp]))[tp]
                 if end is not None and await consumer.position(tp) >= end:
@@ -304,10 +355,10 @@ class AgentClient:
             if run_id not in self._submitted:
                 raise
             return False  # submitted here: its outcome reaches the watcher, which follows it since then
-        return status in ("completed", "failed")
+        return status in TERMINAL_STATUSES
 
     # -- history -------------------------------------------------------------------------------
-    async def status(self, run_id: str) -> dict[str, Any] | None:
+    async def status(self, run_id: str) -> RunDetails | None:
         """The run's row and its steps, from PostgreSQL (None for an unknown run)."""
         pool = await self.pool()
         with _database():
@@ -319,19 +370,27 @@ class AgentClient:
             steps = await pool.fetch(
                 """SELECT step_index, kind, status, request::text AS request, result::text AS result, error,
                           requested_at, completed_at FROM steps WHERE run_id = $1 ORDER BY step_index""", run_id)
-        out = dict(run)
-        out["steps"] = [{**dict(s), "request": json.loads(s["request"]),
-                         "result": json.loads(s["result"]) if s["result"] else None} for s in steps]
-        return out
+        return RunDetails(
+            run_id=run["run_id"], status=run["status"], task=run["task"], step_count=run["step_count"],
+            answer=run["answer"], error_code=run["error_code"], error=run["error"],
+            submitted_at=run["submitted_at"], updated_at=run["updated_at"], finished_at=run["finished_at"],
+            steps=[StepDetails(step_index=s["step_index"], kind=s["kind"], status=s["status"],
+                               request=json.loads(s["request"]),
+                               result=json.loads(s["result"]) if s["result"] else None, error=s["error"],
+                               requested_at=s["requested_at"], completed_at=s["completed_at"]) for s in steps])
 
-    async def events(self, run_id: str) -> list[dict[str, Any]]:
+    async def events(self, run_id: str) -> list[RecordedEvent]:
         """Every recorded event of the run, in the order they were produced."""
         with _database():
             rows = await (await self.pool()).fetch(
                 """SELECT event_id::text, step_id, event_type, topic, partition, "offset", produced_at,
                           appended_at, consumed_at, consumed_by, producer, payload::text AS payload
                    FROM events WHERE run_id = $1 ORDER BY produced_at, recorded_at""", run_id)
-        return [{**dict(r), "payload": json.loads(r["payload"])} for r in rows]
+        return [RecordedEvent(event_id=r["event_id"], step_id=r["step_id"], event_type=r["event_type"],
+                              topic=r["topic"], partition=r["partition"], offset=r["offset"],
+                              produced_at=r["produced_at"], appended_at=r["appended_at"],
+                              consumed_at=r["consumed_at"], consumed_by=r["consumed_by"], producer=r["producer"],
+                              payload=json.loads(r["payload"])) for r in rows]
 
 
 @contextlib.contextmanager

@@ -14,19 +14,20 @@ import struct
 
 import fastavro
 
-from streams.config import Settings
-from streams.errors import AgentStreamError
-from streams.events import EVENT_TYPES, Event
-from streams.registry import HttpRegistry, LocalRegistry, SchemaRegistry, UnknownSchema
+from agentstream.streams.config import Settings
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.events import EVENT_TYPES, Event
+from agentstream.streams.kinds import DecodeErrorKind
+from agentstream.streams.registry import HttpRegistry, LocalRegistry, Parsed, SchemaRegistry, UnknownSchema
 
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 
 
 class DecodeError(AgentStreamError):
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: DecodeErrorKind, reason: str) -> None:
         super().__init__(f"{kind}: {reason}")
-        self.kind = kind
+        self.kind: DecodeErrorKind = kind
         self.reason = reason
 
 
@@ -35,7 +36,7 @@ class Codec:
 
     def __init__(self, registry: SchemaRegistry) -> None:
         self.registry = registry
-        self._writers: dict[type[Event], tuple[bytes, object]] = {}
+        self._writers: dict[type[Event], tuple[bytes, Parsed]] = {}
 
     def encode(self, event: Event) -> bytes:
         writer = self._writers.get(type(event))
@@ -52,7 +53,8 @@ class Codec:
     def schema_id(self, data: bytes) -> int:
         if len(data) < _HEADER.size or data[0] != MAGIC:
             raise DecodeError("undecodable", "not in the Confluent wire format (no magic byte 0)")
-        return _HEADER.unpack_from(data)[1]
+        sid: int = _HEADER.unpack_from(data)[1]
+        return sid
 
     def decode(self, data: bytes | None) -> Event:
         if not data:
@@ -73,6 +75,8 @@ class Codec:
             raise DecodeError("unknown_schema", str(exc)) from exc
         except Exception as exc:  # fastavro raises many types on corrupt input
             raise DecodeError("undecodable", f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(datum, dict):  # a record schema reads as a dict; anything else is not an event
+            raise DecodeError("invalid", f"{name}: not a record")
         try:
             event = cls.from_dict(datum)
         except (TypeError, ValueError) as exc:

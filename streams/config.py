@@ -15,16 +15,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from streams.errors import ConfigError
+from agentstream.streams import resources
+from agentstream.streams.errors import ConfigError
+from agentstream.streams.kinds import TRACING_MODES, TracingMode, one_of
 
 DEFAULT_KAFKA_PORT = 39092
 DEFAULT_POSTGRES_PORT = 35432
 DEFAULT_DATABASE = "agentstream"
-
-#: The repository root: ``infra/`` (pom, broker config, SQL migrations) and ``schemas/`` live here.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 def _home_dir(env_name: str, xdg_name: str, fallback: str) -> Path:
     explicit = os.environ.get(env_name)
@@ -53,7 +52,7 @@ class StackPaths:
         return cls(
             cache_dir=_home_dir("AGENTSTREAM_CACHE_DIR", "XDG_CACHE_HOME", ".cache"),
             state_dir=_home_dir("AGENTSTREAM_STATE_DIR", "XDG_STATE_HOME", ".local/state"),
-            infra_dir=Path(infra).resolve() if infra else REPO_ROOT / "infra",
+            infra_dir=Path(infra).resolve() if infra else resources.infra_dir(),
         )
 
 
@@ -120,8 +119,6 @@ class Settings:
         )
 
 
-TRACING_MODES = ("off", "file", "otlp")
-
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetrySettings:
@@ -134,7 +131,7 @@ class TelemetrySettings:
       free port (registered in PostgreSQL, so ``agentstream top`` still finds it).
     """
 
-    tracing: str = "off"
+    tracing: TracingMode = "off"
     trace_file: Path | None = None
     otlp_endpoint: str = "http://localhost:4318/v1/traces"
     sample: float = 1.0
@@ -158,9 +155,10 @@ class TelemetrySettings:
         """``AGENTSTREAM_TRACING``, ``AGENTSTREAM_TRACE_FILE``, ``AGENTSTREAM_TRACE_SAMPLE``,
         ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``,
         ``AGENTSTREAM_METRICS_PORT`` / ``_HOST`` / ``_ADVERTISE``, ``AGENTSTREAM_TELEMETRY_INTERVAL_S``."""
-        mode = os.environ.get("AGENTSTREAM_TRACING", "off").strip().lower() or "off"
-        if mode not in TRACING_MODES:
-            raise ConfigError(f"AGENTSTREAM_TRACING={mode!r} must be one of {', '.join(TRACING_MODES)}")
+        raw = os.environ.get("AGENTSTREAM_TRACING", "off").strip().lower() or "off"
+        mode = one_of(raw, TRACING_MODES)
+        if mode is None:
+            raise ConfigError(f"AGENTSTREAM_TRACING={raw!r} must be one of {', '.join(TRACING_MODES)}")
         file = os.environ.get("AGENTSTREAM_TRACE_FILE", "").strip()
         endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
         if not endpoint:
@@ -296,7 +294,7 @@ def model_api_key() -> str | None:
 
 def tool_environment() -> dict[str, str]:
     """The ``AGENTSTREAM_HTTP_*`` / ``AGENTSTREAM_SQL_*`` variables that configure the built-in tools
-    (parsed by ``services.tools.builtin.BuiltinConfig.from_env``)."""
+    (parsed by ``agentstream.services.tools.builtin.BuiltinConfig.from_env``)."""
     return {k: v for k, v in os.environ.items() if k.startswith(("AGENTSTREAM_HTTP_", "AGENTSTREAM_SQL_"))}
 
 
@@ -312,11 +310,13 @@ def uvloop_enabled() -> bool:
     return os.environ.get("AGENTSTREAM_UVLOOP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def read_state(state_file: Path) -> dict:
-    """The dev stack's recorded state, or ``{}`` when it has never been started."""
+def read_state(state_file: Path) -> dict[str, Any]:
+    """The dev stack's recorded state, or ``{}`` when it has never been started (or the file is not a
+    JSON object)."""
     try:
-        return json.loads(state_file.read_text())
+        state = json.loads(state_file.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):
         return {}
+    return state if isinstance(state, dict) else {}

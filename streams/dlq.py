@@ -38,15 +38,15 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from streams.codec import Codec, DecodeError, codec_for
-from streams.config import Settings
-from streams.errors import AgentStreamError
-from streams.events import DeadLetter, Event, default_instance, utcnow
-from streams.outages import KAFKA, backoff, outage_of
-from streams.topics import Topics
+from agentstream.streams.codec import Codec, DecodeError, codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.events import DeadLetter, Event, default_instance, utcnow
+from agentstream.streams.outages import KAFKA, backoff, outage_of
+from agentstream.streams.topics import Topics
 
 if TYPE_CHECKING:
-    from streams.runtime import Runtime
+    from agentstream.streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

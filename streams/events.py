@@ -3,8 +3,16 @@
 Every event shares the envelope fields of ``Event``. Ids are deterministic so that a transition
 replayed after a crash republishes the same events, and consumers can drop the copies:
 
-- ``step_id(run_id, index, kind)`` → ``"{run_id}:{index}:{kind}"``;
-- ``event_id`` → a UUIDv5 of the step id, the event type and the attempt.
+- ``event_id`` → a UUIDv5 of the step id, the event type and the attempt (``event_id_for``); events
+  from other producers may carry any non-empty id (``task_rules.event_id_problem``);
+- ``step_id``, by event (docs/contract.md, "Ids"): a model, tool or retrieval step (its request, its
+  result, its token chunks, an ``ApprovalDecided``) is ``step_id(run_id, index, kind)`` →
+  ``"{run_id}:{index}:{kind}"`` (index from 0, kind ``model``, ``tool`` or ``retrieval``); a
+  ``TaskSubmitted`` is ``"{run_id}:task"``, a ``RunCancelRequested`` ``"{run_id}:cancel"``, the
+  speculative retrieval ``"{run_id}:prefetch"``, a tool's own retrieval ``"{tool step}/retrieve"``,
+  ``RunCompleted``/``RunFailed`` ``"{run_id}:outcome"``, a ``RunStateSnapshot``
+  ``"{run_id}:snapshot:{version}"``, a ``DeadLetter`` ``"dlq:{topic}:{partition}:{offset}"`` (or
+  ``"dlq:{step}"`` from the tool service), a ``ToolRegistered`` ``"tools:{name}"``.
 """
 
 from __future__ import annotations
@@ -17,7 +25,10 @@ import typing
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
+
+from agentstream.streams.kinds import OnToolError, PendingKind, RunStatus
+from agentstream.streams.task_rules import event_id_problem
 
 _EVENT_NS = uuid.UUID("6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11")
 
@@ -82,7 +93,7 @@ class Event:
     @classmethod
     def build(cls, *, run_id: str, step: str, service: str, attempt: int = 0,
               parent_step_id: str | None = None, created_at: datetime | None = None, part: str = "",
-              **payload: Any):
+              **payload: Any) -> Self:
         """An event of this type with its deterministic ``event_id`` filled in. ``part`` tells apart
         several events of one type for one step (the token chunks of a generation)."""
         return cls(
@@ -94,6 +105,9 @@ class Event:
 
     def problem(self) -> str | None:
         """What makes this event unusable, or None. Services check their own payload rules."""
+        id_problem = event_id_problem(self.event_id)
+        if id_problem:
+            return id_problem
         if not self.run_id:
             return "run_id is empty"
         if not self.step_id:
@@ -107,8 +121,9 @@ class Event:
         return _to_dict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        return _from_dict(cls, data)
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        event: Self = _from_dict(cls, data)
+        return event
 
 
 _NS = "io.agentstream.events."
@@ -125,7 +140,7 @@ class TaskSubmitted(Event):
     system_prompt: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     prefetch: bool = True
-    on_tool_error: str = "tell_model"
+    on_tool_error: OnToolError = "tell_model"
     replay_of: str | None = None
 
 
@@ -201,7 +216,7 @@ class ToolCallCompleted(Event):
 @dataclass(frozen=True, kw_only=True)
 class RunStateSnapshot(Event):
     schema_name: ClassVar[str] = _NS + "RunStateSnapshot"
-    status: str
+    status: RunStatus
     task: str
     tools: list[str] = field(default_factory=list)
     max_steps: int
@@ -210,7 +225,7 @@ class RunStateSnapshot(Event):
     system_prompt: str | None = None
     step_index: int
     pending_step_id: str | None = None
-    pending_kind: str | None = None
+    pending_kind: PendingKind | None = None
     messages: list[Message] = field(default_factory=list)
     answer: str | None = None
     error: str | None = None
@@ -345,7 +360,7 @@ _RECORDS = (Producer, Message, Passage)
 def _to_dict(obj: Any) -> dict[str, Any]:
     """Field values by name, nested records as dicts (type information is precomputed per class:
     this runs for every event published)."""
-    cls = type(obj)
+    cls: type = type(obj)
     data = {name: getattr(obj, name) for name in _names(cls)}
     for name, (shape, _record) in _nested(cls).items():
         value = data[name]
@@ -355,7 +370,7 @@ def _to_dict(obj: Any) -> dict[str, Any]:
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[dataclasses.Field, ...]:
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
     return tuple(dataclasses.fields(cls))
 
 

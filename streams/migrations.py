@@ -15,8 +15,8 @@ from pathlib import Path
 
 import asyncpg
 
-from streams.config import StackPaths
-from streams.errors import MigrationError
+from agentstream.streams import resources
+from agentstream.streams.errors import MigrationError
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 0x61677374  # "agst": one advisory lock for all migration runners
@@ -35,7 +35,7 @@ class Migration:
 
 def discover(directory: Path | None = None) -> list[Migration]:
     """The migrations on disk, sorted by version; raise on a malformed or duplicate file name."""
-    directory = directory or StackPaths.from_env().infra_dir / "postgres" / "migrations"
+    directory = directory or resources.migrations_dir()
     found: dict[int, Migration] = {}
     for path in sorted(directory.glob("*.sql")):
         match = _FILE.match(path.name)

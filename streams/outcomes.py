@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.codec import Codec, DecodeError
-from streams.events import RunCompleted, RunFailed
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.events import RunCompleted, RunFailed
+from agentstream.streams.kinds import RunOutcome
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RunResult:
     run_id: str
-    status: str  # completed | failed
+    status: RunOutcome
     answer: str | None
     error_code: str | None
     error: str | None
@@ -53,7 +54,7 @@ class OutcomeWatcher:
         self.on_outcome = on_outcome
         self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                          isolation_level="read_committed", fetch_max_wait_ms=100)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.consumer.start()

@@ -21,11 +21,15 @@ from typing import Any, Protocol
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
+from fastavro.types import Schema
 
-from streams.config import REPO_ROOT
-from streams.errors import AgentStreamError
+from agentstream.streams import resources
+from agentstream.streams.errors import AgentStreamError
 
-Parsed = Any  # fastavro's parsed schema (a dict with its own annotations)
+#: fastavro's parsed schema (for a record: a dict with fastavro's own annotations).
+Parsed = Schema
+#: A schema as written in a ``.avsc`` file (a JSON object).
+RawSchema = dict[str, Any]
 
 
 class UnknownSchema(AgentStreamError):
@@ -43,13 +47,13 @@ class SchemaRegistry(Protocol):
         """The current schema of record ``name`` (readers resolve to it)."""
 
 
-def schema_id(schema: dict) -> int:
+def schema_id(schema: RawSchema) -> int:
     canonical = to_parsing_canonical_form(fastavro.parse_schema(schema))
     return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def _full_name(schema: dict) -> str:
-    name = schema["name"]
+def _full_name(schema: RawSchema) -> str:
+    name: str = schema["name"]
     return name if "." in name or not schema.get("namespace") else f"{schema['namespace']}.{name}"
 
 
@@ -57,10 +61,10 @@ class LocalRegistry:
     """Schemas from a directory: ``*.avsc`` are current, ``history/*.avsc`` are older versions."""
 
     def __init__(self, directory: Path | None = None) -> None:
-        self.directory = directory or REPO_ROOT / "schemas"
+        self.directory = directory or resources.schemas_dir()
         self._by_id: dict[int, Parsed] = {}
         self._current: dict[str, tuple[int, Parsed]] = {}
-        self._raw: dict[str, dict] = {}
+        self._raw: dict[str, RawSchema] = {}
         for path in sorted(self.directory.glob("*.avsc")):
             self._add(json.loads(path.read_text()), current=True, origin=path)
         for path in sorted((self.directory / "history").glob("*.avsc")):
@@ -68,7 +72,7 @@ class LocalRegistry:
         if not self._current:
             raise UnknownSchema(f"no *.avsc schemas in {self.directory}")
 
-    def _add(self, raw: dict, *, current: bool, origin: Path) -> None:
+    def _add(self, raw: RawSchema, *, current: bool, origin: Path) -> None:
         sid = schema_id(raw)
         parsed = fastavro.parse_schema(raw)
         existing = self._by_id.get(sid)
@@ -100,7 +104,7 @@ class LocalRegistry:
     def names(self) -> list[str]:
         return sorted(self._current)
 
-    def raw_current(self) -> dict[str, dict]:
+    def raw_current(self) -> dict[str, RawSchema]:
         """The current schemas as written in their files (what an HTTP registry is given)."""
         return dict(self._raw)
 
@@ -121,13 +125,14 @@ class HttpRegistry:
             self._ids[name] = sid
             self._by_id[sid] = self.local.reader_schema(name)
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
+                answer: dict[str, Any] = json.loads(resp.read())  # the registry's answers are JSON objects
+                return answer
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 raise UnknownSchema(f"schema registry {self.url}{path}: not found") from exc

@@ -16,8 +16,9 @@ Guarantees (see docs/architecture.md):
   fails do not count towards ``RetryPolicy.max_attempts``;
 - partitions are assigned by number and stickily (``streams/assignor.py``): a member owns partition
   ``p`` of every topic it reads, so a service that joins topics by run (the planner) sees all of a
-  run's events; with ``route_by_run``, an event that arrived on another partition than its run's (a
-  third-party producer with another partitioner) is forwarded there, not handled;
+  run's events; with ``route_by_run``, an event that arrived on another partition than its run's, or
+  not keyed by its run id (a third-party producer with another partitioner: librdkafka's default is
+  CRC32, Kafka's murmur2), is forwarded there, not handled;
 - an event too large for a record travels as a claim check (``streams/claims.py``), transparently;
 - on shutdown or revocation, in-flight records get ``shutdown_grace_s`` to finish; the rest are
   cancelled uncommitted (the next owner redoes them), done offsets are committed, the group is left.
@@ -33,30 +34,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
-from streams import tracing
-from streams.assignor import copartitioned
-from streams.claims import ClaimStore, EventTooLarge
-from streams.codec import Codec, DecodeError
-from streams.config import Settings
-from streams.dlq import Rejected, publish_dead_letter
-from streams.errors import Abandoned
-from streams.events import ClaimCheck, Event, InferenceRequested
-from streams.offsets import OffsetTracker
-from streams.outages import Outages, backoff, outage_of
-from streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
-from streams.telemetry.metrics import Metrics, ServiceMetrics
-from streams.telemetry.tracing import Tracing, tracing_for
-from streams.topics import Topics
+from agentstream.streams import tracing
+from agentstream.streams.assignor import copartitioned
+from agentstream.streams.claims import ClaimStore, EventTooLarge
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.config import Settings
+from agentstream.streams.dlq import Rejected, publish_dead_letter
+from agentstream.streams.errors import Abandoned
+from agentstream.streams.events import ClaimCheck, Event, InferenceRequested
+from agentstream.streams.offsets import OffsetTracker
+from agentstream.streams.outages import Outages, backoff, outage_of
+from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
+
+if TYPE_CHECKING:  # prometheus-client and OpenTelemetry are the [worker] extra: a client imports neither
+    from agentstream.streams.telemetry.metrics import Metrics, ServiceMetrics
+    from agentstream.streams.telemetry.tracing import Tracing
+from agentstream.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +72,7 @@ TYPE_HEADER = "agentstream-type"
 SOURCE_HEADER = "agentstream-source"
 #: On a record the runtime forwarded to its run's partition: "topic:partition:offset" it came from.
 ROUTED_HEADER = "agentstream-routed-from"
-#: Probes of a service's dependencies by name (``streams.outages``): return normally when it answers.
+#: Probes of a service's dependencies by name (``agentstream.streams.outages``): return normally when it answers.
 Probe = Callable[[], Awaitable[object]]
 
 
@@ -106,7 +111,7 @@ class ServiceConfig:
 
 def is_retriable(exc: BaseException) -> bool:
     """Errors that say so, and transaction conflicts, are worth a few more tries (an outage — a lost
-    connection, a broker away — is waited out instead: ``streams.outages.outage_of``)."""
+    connection, a broker away — is waited out instead: ``agentstream.streams.outages.outage_of``)."""
     if getattr(exc, "retriable", False):
         return True
     return isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError))
@@ -114,6 +119,17 @@ def is_retriable(exc: BaseException) -> bool:
 
 _FROM_SETTINGS: object = object()
 
+
+
+def _process_tracing(settings: Settings) -> Tracing | None:
+    """The process's tracing (``telemetry.tracing.tracing_for``). OpenTelemetry is imported only when
+    tracing is configured or a worker in this process already set it up, so that a client installed
+    without the ``[worker]`` extra runs with tracing off instead of failing to import."""
+    if not settings.telemetry.tracing_enabled and "agentstream.streams.telemetry.tracing" not in sys.modules:
+        return None
+    from agentstream.streams.telemetry.tracing import tracing_for
+
+    return tracing_for(settings.telemetry, settings.paths)
 
 class Runtime:
     """What the services of one process share: settings, topics, the codec and one producer — and the
@@ -123,7 +139,7 @@ class Runtime:
                  tracing: Tracing | object | None = _FROM_SETTINGS, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.codec = codec
-        self.tracing: Tracing | None = (tracing_for(settings.telemetry, settings.paths)
+        self.tracing: Tracing | None = (_process_tracing(settings)
                                         if tracing is _FROM_SETTINGS else tracing)  # type: ignore[assignment]
         self.metrics = metrics
         self.topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
@@ -476,7 +492,8 @@ class ServiceRunner:
             if metrics is not None:
                 metrics.duplicates.inc()
             return
-        misrouted = self.config.route_by_run and record.partition != self.runtime.topics.partition_for(event.run_id)
+        misrouted = self.config.route_by_run and (record.partition != self.runtime.topics.partition_for(event.run_id)
+                                                  or record.key != event.run_id.encode())
         event_type = event.event_type.rsplit(".", 1)[-1] if isinstance(event, ClaimCheck) else type(event).__name__
         span = None
         out_traceparent = None
@@ -532,8 +549,8 @@ class ServiceRunner:
                         continue
                     kind = "retries_exhausted" if retriable else "handler_error"
                     log.exception("%s: %s on %s", self.config.name, kind, event.step_id)
-                    if span is not None:
-                        Tracing.fail(span, f"{kind}: {type(exc).__name__}: {exc}")
+                    if span is not None and self._tracing is not None:
+                        self._tracing.fail(span, f"{kind}: {type(exc).__name__}: {exc}")
                     await self._dead_letter(record, value, kind, f"{type(exc).__name__}: {exc}", run_id=event.run_id)
                     self.stats["processed"] += 1
                     return  # not remembered as done: a re-driven copy (agentstream dlq redrive) is handled
@@ -570,16 +587,20 @@ class ServiceRunner:
         return True
 
     async def _route(self, record: Record, value: bytes | None, event: Event) -> None:
-        """Forward a record to its run's partition of the same topic, unchanged (its producer used another
-        partitioner); the copy there is handled by the partition's owner, with the run's other events."""
+        """Forward a record to its run's partition of the same topic, unchanged but for its key (the run id)
+        and an ``agentstream-routed-from`` header (its producer used another partitioner, or another key);
+        the copy there is handled by the partition's owner, with the run's other events. The record is done
+        once the copy is acknowledged; a redelivered original is forwarded again, and the copy dropped as a
+        duplicate by the run's owner (same event id; a task's run id starts its run once)."""
         partition = self.runtime.topics.partition_for(event.run_id)
         headers = [(k, v) for k, v in record.headers.items() if k != ROUTED_HEADER]
         headers.append((ROUTED_HEADER, f"{record.topic}:{record.partition}:{record.offset}".encode()))
         await (await self.runtime.producer.send(record.topic, value, key=event.run_id.encode(), partition=partition,
                                                 headers=headers))
         self.stats["routed"] += 1
-        log.info("%s: %s of %s arrived on %s[%d], forwarded to partition %d", self.config.name,
-                 type(event).__name__, event.run_id, record.topic, record.partition, partition)
+        log.info("%s: %s of %s arrived on %s[%d]@%d (key %r), forwarded to partition %d keyed by its run id",
+                 self.config.name, type(event).__name__, event.run_id, record.topic, record.partition,
+                 record.offset, record.key, partition)
 
     async def _dead_letter(self, record: Record, value: bytes | None, kind: str, reason: str,
                            run_id: str | None = None) -> None:

@@ -29,9 +29,10 @@ from typing import Any
 import asyncpg
 import orjson
 
-from streams.errors import Abandoned, AgentStreamError
-from streams.events import Event, InferenceRequested
-from streams.outages import outage_of
+from agentstream.streams.errors import Abandoned, AgentStreamError
+from agentstream.streams.events import Event, InferenceRequested
+from agentstream.streams.kinds import StepOutcome
+from agentstream.streams.outages import outage_of
 
 
 class VersionConflict(AgentStreamError):
@@ -86,6 +87,7 @@ class StepRow:
     step_id: str
     run_id: str
     step_index: int
+    #: A ``kinds.StepKind`` (str: the planner's run state holds it as a str).
     kind: str
     request: dict[str, Any]
     requested_at: datetime
@@ -94,7 +96,7 @@ class StepRow:
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
     step_id: str
-    status: str  # completed | failed
+    status: StepOutcome
     result: dict[str, Any]
     error: str | None
     completed_at: datetime
@@ -103,6 +105,7 @@ class StepResult:
 @dataclass(frozen=True, kw_only=True)
 class RunRow:
     run_id: str
+    #: A ``kinds.RunStatus`` (str: the planner's run state holds it as a str).
     status: str
     task: str
     state: dict[str, Any]
@@ -133,7 +136,7 @@ class Transition:
 @dataclass
 class _Pending:
     transition: Transition
-    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 def to_json(value: Any) -> str:
@@ -208,12 +211,13 @@ class TransitionStore:
         self.flushers = flushers
         self._queue: list[_Pending] = []
         self._active = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"batches": 0, "transitions": 0, "flush_s": 0.0}
 
     async def load_state(self, run_id: str) -> str | None:
         """The run's state JSON, or None for a run never recorded."""
-        return await self.pool.fetchval("SELECT state::text FROM runs WHERE run_id = $1", run_id)
+        state: str | None = await self.pool.fetchval("SELECT state::text FROM runs WHERE run_id = $1", run_id)
+        return state
 
     async def active_states(self, topic_prefix: str = "") -> list[str]:
         """The unfinished runs of the pipeline on ``topic_prefix`` (replays and tests share the database)."""
@@ -317,7 +321,7 @@ class TransitionStore:
         return Lease(prefix, partition, epoch)
 
     async def lease_is_current(self, lease: Lease) -> bool:
-        epoch = await self.pool.fetchval("SELECT epoch FROM planner_leases WHERE prefix = $1 AND partition = $2",
+        epoch: int | None = await self.pool.fetchval("SELECT epoch FROM planner_leases WHERE prefix = $1 AND partition = $2",
                                          lease.prefix, lease.partition)
         return epoch == lease.epoch
 

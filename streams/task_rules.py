@@ -10,10 +10,11 @@ why. The limits also keep every event a run produces well inside a Kafka record.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+from agentstream.streams.kinds import ON_TOOL_ERROR
 
 MAX_TASK_BYTES = 32 * 1024
 MAX_SYSTEM_PROMPT_BYTES = 32 * 1024
@@ -23,7 +24,7 @@ MAX_METADATA_BYTES = 16 * 1024
 MAX_TOOLS = 128
 MAX_NAME_BYTES = 256  # a tool name, a model name
 MAX_RUN_ID_CHARS = 200
-ON_TOOL_ERROR = ("tell_model", "fail_run")
+MAX_EVENT_ID_CHARS = 200
 
 
 def text_problem(name: str, value: Any, limit: int, *, required: bool = False) -> str | None:
@@ -58,11 +59,15 @@ def run_id_problem(run_id: Any) -> str | None:
 
 
 def event_id_problem(event_id: Any) -> str | None:
-    """Event ids are UUIDs (``streams.events.event_id_for``); history is keyed by them."""
-    try:
-        uuid.UUID(str(event_id))
-    except ValueError:
-        return f"the event id {str(event_id)[:60]!r} is not a UUID"
+    """Any non-empty string of at most ``MAX_EVENT_ID_CHARS`` characters identifies an event. agentstream's
+    own ids are UUIDs (``agentstream.streams.events.event_id_for``), but nothing needs one: consumers drop
+    copies by comparing ids, and history stores a UUID as itself and any other id as a UUIDv5 of it
+    (``agentstream.streams.store.event_uuid``). An empty id would make unrelated events copies of each
+    other, so it is refused (decoding checks this for every event: ``Event.problem``)."""
+    if not isinstance(event_id, str) or not event_id:
+        return "the event id is empty"
+    if len(event_id) > MAX_EVENT_ID_CHARS:
+        return f"the event id is {len(event_id)} characters; the limit is {MAX_EVENT_ID_CHARS}"
     return None
 
 
@@ -122,5 +127,5 @@ def _metadata_problem(metadata: Any) -> str | None:
     return None
 
 
-__all__ = ["MAX_METADATA", "MAX_STEPS_LIMIT", "MAX_SYSTEM_PROMPT_BYTES", "MAX_TASK_BYTES", "event_id_problem",
+__all__ = ["MAX_EVENT_ID_CHARS", "MAX_METADATA", "MAX_STEPS_LIMIT", "MAX_SYSTEM_PROMPT_BYTES", "MAX_TASK_BYTES", "event_id_problem",
            "run_id_problem", "task_problem", "text_problem"]

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from streams.codec import Codec, DecodeError
-from streams.errors import AgentStreamError
-from streams.events import ToolRegistered
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.events import ToolRegistered
 
 if TYPE_CHECKING:
-    from streams.runtime import Runtime
+    from agentstream.streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import CoordinatorNotAvailableError, InvalidPartitionsError, for_code
 from aiokafka.partitioner import murmur2
 
-from streams.errors import AgentStreamError
+from agentstream.streams.errors import AgentStreamError
 
 log = logging.getLogger(__name__)
 

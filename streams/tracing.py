@@ -4,7 +4,7 @@ Each run gets a trace id when it is submitted; every event a service emits while
 carries the context of that handling, so one run is one trace across every hop.
 
 This module is the cheap part that always runs: it formats and parses header values and never imports
-OpenTelemetry. When tracing is on (``AGENTSTREAM_TRACING``), ``streams.telemetry.tracing`` installs a
+OpenTelemetry. When tracing is on (``AGENTSTREAM_TRACING``), ``agentstream.streams.telemetry.tracing`` installs a
 hook here so that ``new_traceparent()`` — what a client calls when it submits a task — starts the run's
 root span, and the runtime makes one span per handled record (``streams/runtime.py``).
 """
@@ -26,7 +26,7 @@ _hook_checked = False
 
 
 def set_root_hook(hook: Callable[[], str] | None) -> None:
-    """Installed by ``streams.telemetry.tracing``: makes ``new_traceparent()`` start a root span."""
+    """Installed by ``agentstream.streams.telemetry.tracing``: makes ``new_traceparent()`` start a root span."""
     global _root_hook, _hook_checked
     _root_hook = hook
     _hook_checked = True
@@ -37,7 +37,7 @@ def new_traceparent() -> str:
     global _hook_checked
     if not _hook_checked:
         _hook_checked = True
-        from streams.telemetry.tracing import process_tracing
+        from agentstream.streams.telemetry.tracing import process_tracing
 
         process_tracing()  # installs the hook when the environment turns tracing on
     if _root_hook is not None:

@@ -23,11 +23,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from streams import migrations
-from streams.config import StackPaths
-from streams.devstack.kafka import wait_for_metadata
-from streams.devstack.process import free_port
-from streams.topics import TopicSpec, ensure_topics
+from agentstream.devstack.kafka import wait_for_metadata
+from agentstream.devstack.process import free_port
+from agentstream.streams import migrations
+from agentstream.streams.config import StackPaths
+from agentstream.streams.topics import TopicSpec, ensure_topics
 
 KAFKA_IMAGE = "apache/kafka:4.0.2"
 POSTGRES_IMAGE = "pgvector/pgvector:pg18"
@@ -96,7 +96,7 @@ def infra() -> Iterator[Infra]:
             asyncio.run(wait_for_metadata(bootstrap, within=90))
             yield Infra(env_kafka or bootstrap, env_db or pg.get_connection_url(driver=None), "testcontainers")
         return
-    from streams.devstack.stack import DevStack
+    from agentstream.devstack.stack import DevStack
 
     stack = DevStack()
     was_running = stack.status().running
@@ -174,7 +174,7 @@ async def topic_factory(kafka_bootstrap: str, unique: str) -> AsyncIterator[Topi
 @pytest.fixture(scope="session")
 def settings(infra: Infra, database_url: str):
     """Settings for the session's broker and database (tests give each pipeline its own prefix)."""
-    from streams.config import Settings
+    from agentstream.streams.config import Settings
 
     return Settings(kafka_bootstrap=infra.kafka, database_url=database_url, partitions=4,
                     session_timeout_ms=6000)

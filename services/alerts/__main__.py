@@ -1,10 +1,10 @@
-"""``python -m services.alerts [--from-start] [--log-level info]``: the alerting app as a faust worker."""
+"""``python -m agentstream.services.alerts [--from-start] [--log-level info]``: the alerting app as a faust worker."""
 
 from __future__ import annotations
 
 import argparse
 
-from services.alerts.app import run_alerts
+from agentstream.services.alerts.app import run_alerts
 
 
 def main() -> None:

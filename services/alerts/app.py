@@ -14,7 +14,7 @@ Kafka a second time): one instance sees every subject whole; with several, each 
 partitions it owns (a failure rate is then measured on a share of the calls, still a rate), and two
 instances may raise the same alert — it has the same deterministic id, so consumers can drop the copy.
 
-Run it with ``python -m services.alerts`` (or the CLI command the lead wires to ``run_alerts``).
+Run it with ``python -m agentstream.services.alerts`` (or the CLI command the lead wires to ``run_alerts``).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import Any
 import faust
 from aiokafka import TopicPartition
 
-from services.alerts import rules
-from streams.codec import DecodeError, codec_for
-from streams.config import AlertSettings, Settings
-from streams.events import AlertRaised, InferenceCompleted, ToolCallCompleted
-from streams.telemetry.lag import GroupOffsets
-from streams.topics import Topics, ensure_topics
+from agentstream.services.alerts import rules
+from agentstream.streams.codec import DecodeError, codec_for
+from agentstream.streams.config import AlertSettings, Settings
+from agentstream.streams.events import AlertRaised, InferenceCompleted, ToolCallCompleted
+from agentstream.streams.telemetry.lag import GroupOffsets
+from agentstream.streams.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ class AlertsApp:
 
         app.timer(interval=th.lag_interval_s, on_leader=True, name="consumer-lag")(lag_timer)
 
-        async def before_shutdown(_sender: Any, **_kwargs: Any) -> None:
+        async def before_shutdown(_sender: Any, /, *_args: Any, signal: Any, **_kwargs: Any) -> None:
+            # mode calls a receiver as receiver(sender, *args, signal=the_signal, **kwargs)
             await self._close_offsets()
 
         app.on_before_shutdown.connect(before_shutdown)

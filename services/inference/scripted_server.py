@@ -22,7 +22,7 @@ replies are valid actions and short. A ``[[slow:MS]]`` directive delays the firs
 waits, a streaming response sends SSE comments, so a client that went away (a cancelled generation) is
 noticed and the generation stops, as a real engine frees the slot of an aborted request.
 
-    python -m services.inference.scripted_server --port 8000 [--host 127.0.0.1] [--model scripted]
+    python -m agentstream.services.inference.scripted_server --port 8000 [--host 127.0.0.1] [--model scripted]
                                                  [--latency-ms 0] [--chunk-chars 16]
 """
 
@@ -40,8 +40,8 @@ from typing import Any
 
 from aiohttp import web
 
-from services.inference.backends.base import ChatMessage
-from services.inference.backends.scripted import scripted_reply
+from agentstream.services.inference.backends.base import ChatMessage
+from agentstream.services.inference.backends.scripted import scripted_reply
 
 DEFAULT_MODEL = "scripted"
 #: Characters per streamed delta: several deltas per reply, so token streaming is exercised.

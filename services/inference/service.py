@@ -20,7 +20,7 @@ import json
 import time
 from datetime import UTC, datetime
 
-from services.inference.backends.base import (
+from agentstream.services.inference.backends.base import (
     Backend,
     BackendError,
     ChatMessage,
@@ -28,9 +28,9 @@ from services.inference.backends.base import (
     Final,
     GenerationRequest,
 )
-from streams.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
-from streams.outcomes import RunResult
-from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
+from agentstream.streams.outcomes import RunResult
+from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 
 SERVICE = "inference"
 

@@ -14,9 +14,9 @@ import re
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from services.planner.actions import Action, ActionError, action_schema, instructions, parse_action
-from services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
-from streams.events import (
+from agentstream.services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
+from agentstream.streams.actions import Action, ActionError, action_schema, instructions, parse_action
+from agentstream.streams.events import (
     ApprovalDecided,
     Event,
     InferenceCompleted,
@@ -31,8 +31,9 @@ from streams.events import (
     ToolCallRequested,
     step_id,
 )
-from streams.tool_catalog import ToolInfo
-from streams.topics import Topics
+from agentstream.streams.kinds import PendingKind, RunStatus
+from agentstream.streams.tool_catalog import ToolInfo
+from agentstream.streams.topics import Topics
 
 SERVICE = "planner"
 MAX_PARSE_FAILURES = 3
@@ -227,7 +228,7 @@ def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) ->
 def _request(state: RunState, now: datetime, action: Action, new: list[Message], **changes) -> RunState:
     if action.kind == "tool":
         request = {"tool": action.tool, "arguments": action.arguments}
-        status = AWAITING_APPROVAL if action.tool in state.approval_tools else RUNNING
+        status: RunStatus = AWAITING_APPROVAL if action.tool in state.approval_tools else RUNNING
         return _next_step(state, now, "tool", request, new, status=status, **changes)
     query = action.query or ""
     if state.prefetch in ("pending", "ready") and _matches_task(query, state.task):
@@ -245,8 +246,8 @@ def _request(state: RunState, now: datetime, action: Action, new: list[Message],
     return _next_step(state, now, "retrieval", {"query": query, "k": RETRIEVAL_K}, new, **changes)
 
 
-def _next_step(state: RunState, now: datetime, kind: str, request: dict, new: list[Message],
-               status: str = RUNNING, **changes) -> RunState:
+def _next_step(state: RunState, now: datetime, kind: PendingKind, request: dict, new: list[Message],
+               status: RunStatus = RUNNING, **changes) -> RunState:
     messages = (*state.messages, *new)
     if state.step_index >= state.max_steps:
         return fail(state, now, "max_steps", f"the run used all {state.max_steps} steps without an answer",

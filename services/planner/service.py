@@ -37,10 +37,10 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import TopicPartition
 
-from services.planner import machine
-from services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
-from streams import task_rules, tracing
-from streams.events import (
+from agentstream.services.planner import machine
+from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
+from agentstream.streams import task_rules, tracing
+from agentstream.streams.events import (
     ApprovalDecided,
     Event,
     InferenceCompleted,
@@ -54,9 +54,10 @@ from streams.events import (
     default_instance,
     event_id_for,
 )
-from streams.outages import wait_out
-from streams.runtime import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
-from streams.store import (
+from agentstream.streams.kinds import PendingKind
+from agentstream.streams.outages import wait_out
+from agentstream.streams.runtime import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.store import (
     EventRow,
     Fenced,
     Lease,
@@ -69,11 +70,14 @@ from streams.store import (
     TransitionStore,
     VersionConflict,
 )
-from streams.tool_catalog import ToolCatalog
+from agentstream.streams.tool_catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
 
 RESULT_TYPES = (InferenceCompleted, ToolCallCompleted, RetrievalCompleted)
+#: The ``steps.kind`` of each request the planner publishes.
+REQUEST_KINDS: dict[type[Event], PendingKind] = {
+    InferenceRequested: "model", ToolCallRequested: "tool", RetrievalRequested: "retrieval"}
 REQUEST_TYPE_FOR = {InferenceCompleted: InferenceRequested, ToolCallCompleted: ToolCallRequested,
                     RetrievalCompleted: RetrievalRequested}
 SERVICE_FOR = {InferenceCompleted: "inference", ToolCallCompleted: "tools", RetrievalCompleted: "retrieval"}
@@ -282,7 +286,8 @@ class Planner:
                                          request=_step_request(event), requested_at=new.updated_at))
             elif isinstance(event, (InferenceRequested, ToolCallRequested, RetrievalRequested)):
                 requested.append(StepRow(step_id=event.step_id, run_id=new.run_id,
-                                         step_index=new.step_index - 1, kind=new.pending_kind or "",
+                                         step_index=new.step_index - 1,
+                                         kind=new.pending_kind or REQUEST_KINDS[type(event)],
                                          request=_step_request(event), requested_at=new.updated_at))
         if new.status == AWAITING_APPROVAL and (old is None or old.status != AWAITING_APPROVAL):
             requested.append(StepRow(step_id=new.pending_step_id or "", run_id=new.run_id,
@@ -386,8 +391,10 @@ class Planner:
         topics = self.runtime.topics
         fresh: dict[int, Lease] = {}
         for partition in sorted(leases):
-            lease = await wait_out(lambda p=partition: self.store.acquire_lease(
-                topics.prefix, p, default_instance()), f"leasing partition {partition}")
+            async def acquire(p: int = partition) -> Lease:
+                return await self.store.acquire_lease(topics.prefix, p, default_instance())
+
+            lease = await wait_out(acquire, f"leasing partition {partition}")
             if self._epochs.get(partition) != lease.epoch - 1:
                 self._forget_cached(lambda p, partition=partition: p == partition)
             self._epochs[partition] = lease.epoch

@@ -10,21 +10,22 @@ import dataclasses
 import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
-from streams.events import Message, RunStateSnapshot
+from agentstream.streams.events import Message, RunStateSnapshot
+from agentstream.streams.kinds import OnToolError, PendingKind, RunOutcome, RunStatus
 
-RUNNING = "running"  # a step is pending (model, tool or retrieval)
-AWAITING_APPROVAL = "awaiting_approval"  # a tool call waits for a person; no worker holds the run
-COMPLETED = "completed"
-FAILED = "failed"
-TERMINAL = frozenset({COMPLETED, FAILED})
+RUNNING: Final = "running"  # a step is pending (model, tool or retrieval)
+AWAITING_APPROVAL: Final = "awaiting_approval"  # a tool call waits for a person; no worker holds the run
+COMPLETED: Final = "completed"
+FAILED: Final = "failed"
+TERMINAL: Final[frozenset[RunOutcome]] = frozenset({COMPLETED, FAILED})
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunState:
     run_id: str
-    status: str
+    status: RunStatus
     task: str
     tools: tuple[str, ...]
     max_steps: int
@@ -36,7 +37,7 @@ class RunState:
     #: Steps published so far; the pending step (if any) is step ``step_index``.
     step_index: int
     pending_step_id: str | None
-    pending_kind: str | None  # "model" | "tool" | "retrieval"
+    pending_kind: PendingKind | None
     #: The step whose result was applied last (the parent of the pending step).
     last_step_id: str | None = None
     #: The event applied last: a redelivered copy of it makes the planner republish this state's
@@ -61,7 +62,7 @@ class RunState:
     #: Tools of this run that need a person's approval before each call.
     approval_tools: tuple[str, ...] = ()
     #: After a tool's last retry failed: "tell_model" (it decides what next) or "fail_run".
-    on_tool_error: str = "tell_model"
+    on_tool_error: OnToolError = "tell_model"
     #: Speculative retrieval for the task text, started with the first model call:
     #: off | pending (asked) | ready (passages here) | used.
     prefetch: str = "off"

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from streams.events import (
+from agentstream.streams.events import (
     Event,
     InferenceCompleted,
     InferenceRequested,
@@ -35,7 +35,7 @@ from streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 
 SERVICE = "replay"
 NO_RECORD = "no_recording"

@@ -35,12 +35,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from streams.config import embedding_files
-from streams.errors import AgentStreamError
+from agentstream.streams.config import embedding_files
+from agentstream.streams.errors import AgentStreamError
+
+if TYPE_CHECKING:  # imported when the model loads (the retrieval extra)
+    from tokenizers import Tokenizer
 
 MODEL_NAME = "all-MiniLM-L6-v2-int8-onnx"
 DIM = 384
@@ -131,8 +134,8 @@ class OnnxEncoder:
         #: onnxruntime session runs so far (tests check that concurrent calls share them).
         self.forward_passes = 0
         self.texts_encoded = 0
-        self._session = None
-        self._tokenizer = None
+        self._session: Any = None  # onnxruntime.InferenceSession (onnxruntime ships no type hints)
+        self._tokenizer: Tokenizer | None = None
         self._token_type = False
         self._lock = threading.Lock()
 
@@ -192,7 +195,7 @@ class OnnxEncoder:
             feeds = {"input_ids": ids, "attention_mask": mask}
             if self._token_type:
                 feeds["token_type_ids"] = np.zeros_like(ids)
-            hidden = self._session.run(None, feeds)[0]  # type: ignore[union-attr]
+            hidden = self._session.run(None, feeds)[0]
             self.forward_passes += 1
             out[index] = _mean_pool(hidden, mask)
         self.texts_encoded += len(texts)
@@ -215,7 +218,7 @@ def shared_encoder() -> OnnxEncoder:
 @dataclass
 class _Request:
     texts: list[str]
-    future: asyncio.Future
+    future: asyncio.Future[np.ndarray]
 
 
 class Embedder:
@@ -269,7 +272,8 @@ class Embedder:
 
     def _take(self) -> list[_Request]:
         """Whole requests, oldest first, up to max_batch texts (at least one request)."""
-        batch, size = [], 0
+        batch: list[_Request] = []
+        size = 0
         while self._queue:
             request = self._queue[0]
             if request.future.done():  # its caller was cancelled

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import asyncpg
 import numpy as np
+from asyncpg.pool import PoolConnectionProxy
 
-from services.retrieval.embeddings import Embedder
+from agentstream.services.retrieval.embeddings import Embedder
 
 RRF_K = 60
 #: The smallest ef_search with recall@10 >= 0.95 both on the bulk of a 100k-row index and for real
@@ -94,10 +95,11 @@ async def text_leg(pool: asyncpg.Pool, query: str, collection: str, limit: int) 
     return [(r["id"], float(r["score"])) for r in rows]
 
 
-async def vector_leg(db: asyncpg.Pool | asyncpg.Connection, vector: np.ndarray, collection: str, limit: int, *,
+async def vector_leg(db: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy, vector: np.ndarray,
+                     collection: str, limit: int, *,
                      ef_search: int = DEFAULT_EF_SEARCH) -> list[tuple[int, float]]:
     """(id, cosine distance), nearest first, through the HNSW index (on a small table the planner may
-    rightly prefer an exact scan). ``db``: a pool, or a connection (with the pgvector codec)."""
+    rightly prefer an exact scan). ``db``: a pool, or a connection (with the pgvector codec), pooled or not."""
     if isinstance(db, asyncpg.Pool):
         async with db.acquire() as conn:
             return await vector_leg(conn, vector, collection, limit, ef_search=ef_search)

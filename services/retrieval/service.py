@@ -19,10 +19,10 @@ import time
 
 import asyncpg
 
-from services.retrieval.embeddings import Embedder, EmbeddingModelUnavailable
-from services.retrieval.search import DEFAULT_EF_SEARCH, Hit, hybrid_search
-from streams.events import Event, Passage, RetrievalCompleted, RetrievalRequested
-from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.services.retrieval.embeddings import Embedder, EmbeddingModelUnavailable
+from agentstream.services.retrieval.search import DEFAULT_EF_SEARCH, Hit, hybrid_search
+from agentstream.streams.events import Event, Passage, RetrievalCompleted, RetrievalRequested
+from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 
 log = logging.getLogger(__name__)
 SERVICE = "retrieval"

@@ -6,7 +6,7 @@
   publishes a RetrievalRequested and waits for its RetrievalCompleted), on by default;
 - ``http_get``: off unless the worker is given a host allowlist (services/tools/http.py).
 
-``load_tools("services.tools.builtin")`` serves the defaults (the module-level tools below). A worker
+``load_tools("agentstream.services.tools.builtin")`` serves the defaults (the module-level tools below). A worker
 that has configuration builds the list with ``builtin_tools(BuiltinConfig(...))``, or, for a mix of
 built-ins and other modules, ``tools_for(modules, config)``; ``BuiltinConfig.from_env(os.environ)``
 reads the ``AGENTSTREAM_HTTP_*`` / ``AGENTSTREAM_SQL_*`` variables.
@@ -17,20 +17,22 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.tools.http import HttpGetConfig, http_get_tool
-from services.tools.registry import Tool, ToolContext, ToolError, load_tools, tool
-from services.tools.sql import SqlQueryConfig, sql_query_tool
-from streams.errors import ConfigError
+from agentstream.services.tools.http import HttpGetConfig, http_get_tool
+from agentstream.services.tools.registry import Tool, ToolContext, ToolError, load_tools, tool
+from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
+from agentstream.streams.errors import ConfigError
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS = {"sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "log": math.log,
-              "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan}
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "log": math.log,
+    "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan}
 _CONSTANTS = {"pi": math.pi, "e": math.e}
 MAX_EXPRESSION = 500
 MAX_EXPONENT = 1000
@@ -116,7 +118,7 @@ def retrieve_tool(config: RetrieveConfig | None = None) -> Tool:
     return retrieve
 
 
-#: The defaults, found by ``load_tools("services.tools.builtin")``.
+#: The defaults, found by ``load_tools("agentstream.services.tools.builtin")``.
 sql_query = sql_query_tool(SqlQueryConfig())
 retrieve = retrieve_tool(RetrieveConfig())
 
@@ -161,7 +163,7 @@ class BuiltinConfig:
 def builtin_tools(config: BuiltinConfig | None = None) -> list[Tool]:
     """The built-ins ``config`` turns on (``calculator`` always)."""
     config = config or BuiltinConfig()
-    tools = [calculator]
+    tools: list[Tool] = [calculator]
     if config.sql_query is not None:
         tools.append(sql_query_tool(config.sql_query))
     if config.retrieve is not None:

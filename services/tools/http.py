@@ -35,7 +35,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from services.tools.registry import Tool, ToolError, tool
+from agentstream.services.tools.registry import Tool, ToolError, tool
 
 USER_AGENT = "agentstream-http-get/0.1"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

@@ -23,19 +23,22 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import asyncpg
 
-from streams.errors import AgentStreamError
-from streams.tool_catalog import ToolInfo
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.tool_catalog import ToolInfo
 
 if TYPE_CHECKING:
-    from streams.events import RetrievalCompleted
+    from agentstream.streams.events import RetrievalCompleted
 
 #: ``retrieve(query, k, collection, timeout_s)``: publish a RetrievalRequested for this call and wait for
 #: its RetrievalCompleted (the tool service provides it; see services/tools/service.py).
 Retrieve = Callable[[str, int, str, float], Awaitable["RetrievalCompleted"]]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ToolArgumentError(AgentStreamError):
@@ -65,10 +68,14 @@ class ToolContext:
 
 
 @dataclass(frozen=True)
-class Tool:
+class Tool(Generic[P, R]):
+    """An async function made a tool by ``@tool``. ``Tool[P, R]`` keeps the function's signature:
+    ``fn`` is the function itself, and calling the tool calls it (no validation, no retries; the
+    tool service goes through ``validate`` and ``call``)."""
+
     name: str
     description: str
-    fn: Callable[..., Awaitable[Any]]
+    fn: Callable[P, Awaitable[R]]
     parameters: dict[str, Any]
     timeout_s: float = 10.0
     requires_approval: bool = False
@@ -87,6 +94,9 @@ class Tool:
             raise ValueError(f"tool {self.name}: max_attempts must be at least 1")
         if self.timeout_s <= 0 or self.backoff_s < 0:
             raise ValueError(f"tool {self.name}: timeout_s must be positive and backoff_s not negative")
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+        return self.fn(*args, **kwargs)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt``: exponential, capped, with jitter (so
@@ -115,11 +125,12 @@ class Tool:
                 raise ToolArgumentError(f"{self.name}: argument {name!r} {problem}")
         return arguments
 
-    async def call(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> R:
         kwargs = dict(arguments)
         if self.context_param:
             kwargs[self.context_param] = context
-        return await self.fn(**kwargs)
+        fn: Callable[..., Awaitable[R]] = self.fn  # arguments checked by validate(), not by the type
+        return await fn(**kwargs)
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
@@ -134,8 +145,8 @@ def _schema_for(hint: Any) -> dict[str, Any]:
     if origin is typing.Literal:
         return {"enum": list(typing.get_args(hint))}
     if origin in (list, tuple):
-        args = typing.get_args(hint)
-        return {"type": "array", **({"items": _schema_for(args[0])} if args else {})}
+        items = typing.get_args(hint)
+        return {"type": "array", **({"items": _schema_for(items[0])} if items else {})}
     if origin is dict or hint is dict:
         return {"type": "object"}
     if hint in _JSON_TYPES:
@@ -159,13 +170,25 @@ def _type_problem(value: Any, schema: dict[str, Any]) -> str | None:
     return None if ok else f"must be of type {kind} (got {type(value).__name__})"
 
 
-def tool(fn: Callable[..., Awaitable[Any]] | None = None, *, name: str | None = None,
+@overload
+def tool(fn: Callable[P, Awaitable[R]]) -> Tool[P, R]: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None, description: str | None = None,
+         timeout_s: float = 10.0, requires_approval: bool = False, max_attempts: int = 1,
+         backoff_s: float = 0.2, max_backoff_s: float = 5.0,
+         retry_on_timeout: bool = False) -> Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]: ...
+
+
+def tool(fn: Callable[P, Awaitable[R]] | None = None, *, name: str | None = None,
          description: str | None = None, timeout_s: float = 10.0, requires_approval: bool = False,
          max_attempts: int = 1, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
-         retry_on_timeout: bool = False):
-    """Make an async function a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(...)``)."""
+         retry_on_timeout: bool = False) -> Tool[P, R] | Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]:
+    """Make an async function a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(...)``).
+    The tool keeps the function's type: ``Tool[P, R]`` for an ``async def f(*P) -> R``."""
 
-    def wrap(func: Callable[..., Awaitable[Any]]) -> Tool:
+    def wrap(func: Callable[P, Awaitable[R]]) -> Tool[P, R]:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(f"tool {func.__name__} must be an async function")
         hints = typing.get_type_hints(func)

@@ -31,18 +31,18 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
-from streams.codec import DecodeError
-from streams.dlq import Rejected, publish_dead_letter
-from streams.events import (
+from agentstream.services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
+from agentstream.streams.codec import DecodeError
+from agentstream.streams.dlq import Rejected, publish_dead_letter
+from agentstream.streams.events import (
     Event,
     RetrievalCompleted,
     RetrievalRequested,
     ToolCallCompleted,
     ToolCallRequested,
 )
-from streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
-from streams.store import pg_text, to_json
+from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.store import pg_text, to_json
 
 log = logging.getLogger(__name__)
 SERVICE = "tools"
@@ -320,7 +320,9 @@ class RetrievalWaiter:
                         event = self.runtime.codec.decode(msg.value)
                     except DecodeError:
                         continue
-                    waiter = self._waiting.get(event.step_id) if isinstance(event, RetrievalCompleted) else None
+                    if not isinstance(event, RetrievalCompleted):
+                        continue
+                    waiter = self._waiting.get(event.step_id)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(event)
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import asyncpg
 
-from services.tools.registry import Tool, ToolContext, ToolError, tool
+from agentstream.services.tools.registry import Tool, ToolContext, ToolError, tool
 
 ROLE = "agentstream_readonly"
 FUNCTION = "agentstream_readonly_query"

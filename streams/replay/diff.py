@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from services.planner.actions import ActionError, parse_action
+from agentstream.streams.actions import ActionError, parse_action
 
 Decision = tuple[str, ...]
 
@@ -233,7 +233,10 @@ def window_report(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) 
                 if s.get("kind") == "model" and s.get("result") and not s.get("error")]
 
     changed = [(str(a["run_id"]), str(b["run_id"])) for a, b in pairs if diff_runs(a, b).decisions_changed]
-    count = lambda status, side: sum(1 for p in pairs if p[side].get("status") == status)  # noqa: E731
+
+    def count(status: str, side: int) -> int:
+        return sum(1 for p in pairs if p[side].get("status") == status)
+
     p50a, p50b = percentile(ttfts(a for a, _ in pairs), 0.5), percentile(ttfts(b for _, b in pairs), 0.5)
     return WindowReport(runs=len(pairs), decisions_changed=changed,
                         completed=(count("completed", 0), count("completed", 1)),

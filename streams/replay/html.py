@@ -14,7 +14,7 @@ import json
 from html import escape
 from typing import Any
 
-from streams.replay.timeline import LANES, Step, Timeline
+from agentstream.streams.replay.timeline import LANES, Step, Timeline
 
 LANE_COLOURS = {"planner": "#7c3aed", "inference": "#2563eb", "tools": "#ea580c", "retrieval": "#16a34a"}
 BUDGET_COLOURS = {"transport_and_queues": "#64748b", "compute": "#0f766e", "planner": "#a21caf", "other": "#cbd5e1"}
@@ -165,7 +165,8 @@ def render(tl: Timeline) -> str:
                     f'{escape(_short(run["error"] or "", 200))}</span>')
     totals = tl.totals()
     counts = ", ".join(f"{v} {k}" for k, v in sorted(tl.kafka_counts().items()))
-    replay = f' · replay of <span class="mono">{escape(run["replay_of"])}</span>' if run.get("replay_of") else ""
+    replay_of = run["replay_of"]
+    replay = f' · replay of <span class="mono">{escape(replay_of)}</span>' if replay_of else ""
     legend = ('<div class="legend"><span><i style="background:#475569;opacity:.35"></i>queue wait</span>'
               '<span><i style="background:#475569"></i>compute / planner work</span>'
               f'<span><i style="background:{TRANSPORT}"></i>transport back to the planner</span>'

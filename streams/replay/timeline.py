@@ -28,18 +28,22 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypeAlias, TypedDict
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams.codec import Codec, DecodeError, codec_for
-from streams.config import Settings
-from streams.registry import UnknownSchema
+from agentstream.streams.codec import Codec, DecodeError, codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.kinds import TERMINAL_STATUSES, RunStatus, StepKind, StepStatus
+from agentstream.streams.registry import UnknownSchema
+from agentstream.streams.store import event_uuid
+from agentstream.streams.task_rules import MAX_EVENT_ID_CHARS
 
 SERVICE_OF = {"model": "inference", "tool": "tools", "retrieval": "retrieval", "prefetch": "retrieval"}
 LANES = ("planner", "inference", "tools", "retrieval")
@@ -49,6 +53,27 @@ RESULTS = frozenset({"InferenceCompleted", "ToolCallCompleted", "RetrievalComple
 PLANNER_INPUTS = RESULTS | {"TaskSubmitted", "ApprovalDecided", "RunCancelRequested"}
 #: Offsets of one partition further apart than this are read as separate spans (one seek each).
 SPAN_GAP = 500
+
+#: What the cross-check found for an event: ``unrecorded`` when its row has no offset.
+KafkaCheck: TypeAlias = Literal["verified", "missing", "mismatched", "unrecorded", "unchecked"]
+#: A bar of the chart: time in a queue, at work, on the way back to the planner, or the planner's own.
+SpanKind: TypeAlias = Literal["queue", "compute", "transport", "planner"]
+
+
+class RunRecord(TypedDict):
+    """The run's row of ``runs`` (what the timeline shows of it)."""
+
+    run_id: str
+    status: RunStatus
+    task: str
+    step_count: int
+    answer: str | None
+    error_code: str | None
+    error: str | None
+    submitted_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    replay_of: str | None
 
 
 def ms(start: datetime | None, end: datetime | None) -> float | None:
@@ -68,8 +93,7 @@ class EventInfo:
     consumed_at: datetime | None
     consumed_by: str | None
     payload: dict[str, Any] | None = None
-    #: verified | missing | mismatched | unrecorded (no offset known) | unchecked
-    kafka: str = "unchecked"
+    kafka: KafkaCheck = "unchecked"
     kafka_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -80,9 +104,9 @@ class EventInfo:
 @dataclass
 class Step:
     index: int
-    kind: str
+    kind: StepKind
     step_id: str
-    status: str
+    status: StepStatus
     request: dict[str, Any]
     result: dict[str, Any] | None
     error: str | None
@@ -141,7 +165,7 @@ class Span:
     """One bar of the Gantt chart, in ms since the run was submitted."""
 
     lane: str
-    kind: str  # queue | compute | transport | planner
+    kind: SpanKind
     start_ms: float
     end_ms: float
     step: int | None
@@ -172,7 +196,7 @@ class Budget:
 
 @dataclass
 class Timeline:
-    run: dict[str, Any]
+    run: RunRecord
     steps: list[Step]
     events: list[EventInfo]
     planner: list[Span] = field(default_factory=list)
@@ -210,8 +234,10 @@ class Timeline:
                             None, "task → planner"))
         for s in self.steps:
             lane, label = s.service, f"#{s.index} {s.kind}"
-            for kind, a, b in (("queue", s.sent_at, s.picked_at), ("compute", s.picked_at, s.done_at),
-                               ("transport", s.result_sent_at, s.returned_at)):
+            bars: tuple[tuple[SpanKind, datetime | None, datetime | None], ...] = (
+            ("queue", s.sent_at, s.picked_at), ("compute", s.picked_at, s.done_at),
+            ("transport", s.result_sent_at, s.returned_at))
+        for kind, a, b in bars:
                 if a is not None and b is not None:
                     out.append(Span(lane, kind, ms(t0, a) or 0.0, ms(t0, b) or 0.0, s.index, label))
         return out
@@ -250,7 +276,7 @@ class Timeline:
 
 # -- loading --------------------------------------------------------------------------------------
 
-async def load(conn: asyncpg.Connection, run_id: str) -> Timeline | None:
+async def load(conn: asyncpg.Connection | PoolConnectionProxy, run_id: str) -> Timeline | None:
     """The run's rows from PostgreSQL, joined into steps and planner spans (no Kafka)."""
     run = await conn.fetchrow(
         """SELECT run_id, status, task, step_count, answer, error_code, error, submitted_at, updated_at,
@@ -281,7 +307,11 @@ async def load(conn: asyncpg.Connection, run_id: str) -> Timeline | None:
             step.sent_at, step.picked_at = e.appended_at, e.consumed_at
         elif e.event_type in RESULTS:
             step.done_at, step.result_sent_at, step.returned_at = e.produced_at, e.appended_at, e.consumed_at
-    timeline = Timeline(run=dict(run), steps=steps, events=events)
+    record = RunRecord(run_id=run["run_id"], status=run["status"], task=run["task"], step_count=run["step_count"],
+                       answer=run["answer"], error_code=run["error_code"], error=run["error"],
+                       submitted_at=run["submitted_at"], updated_at=run["updated_at"],
+                       finished_at=run["finished_at"], replay_of=run["replay_of"])
+    timeline = Timeline(run=record, steps=steps, events=events)
     timeline.planner = _planner_spans(timeline)
     return timeline
 
@@ -292,7 +322,7 @@ def _planner_spans(tl: Timeline) -> list[Span]:
     t0 = tl.start
     inputs = sorted((e for e in tl.events if e.consumed_by == "planner" and e.consumed_at is not None
                      and e.event_type in PLANNER_INPUTS and not (e.step_id or "").endswith(":prefetch")),
-                    key=lambda e: e.consumed_at)  # type: ignore[arg-type,return-value]
+                    key=lambda e: e.consumed_at or t0)  # never None here: filtered above
     ends: dict[int, datetime] = {}
     for r in tl.events:
         if r.event_type not in REQUESTS or r.appended_at is None:
@@ -300,7 +330,7 @@ def _planner_spans(tl: Timeline) -> list[Span]:
         i = _last_before(inputs, r.produced_at)
         if i is not None:
             ends[i] = max(ends.get(i, r.appended_at), r.appended_at)
-    if tl.run["status"] in ("completed", "failed"):
+    if tl.run["status"] in TERMINAL_STATUSES:
         i = _last_before(inputs, tl.end)
         if i is not None:
             ends[i] = max(ends.get(i, tl.end), tl.end)
@@ -381,18 +411,18 @@ async def cross_check(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, co
         for tp, messages in batch.items():
             by_offset = wanted[tp]
             for msg in messages:
-                e = by_offset.get(msg.offset)
-                if e is None or e.kafka != "unchecked":
+                found = by_offset.get(msg.offset)
+                if found is None or found.kafka != "unchecked":
                     continue
                 try:
                     kind, got = _identify(codec, msg.value)
                 except (DecodeError, UnknownSchema, ValueError, IndexError) as exc:
-                    _mark([e], "mismatched", f"does not decode: {exc}")
+                    _mark([found], "mismatched", f"does not decode: {exc}")
                     continue
-                if got == e.event_id and kind == e.event_type:
-                    _mark([e], "verified")
+                if event_uuid(got) == found.event_id and kind == found.event_type:  # history keeps ids as UUIDs
+                    _mark([found], "verified")
                 else:
-                    _mark([e], "mismatched", f"offset {msg.offset} holds {kind} {got}")
+                    _mark([found], "mismatched", f"offset {msg.offset} holds {kind} {got}")
         for tp in list(spans):
             if await consumer.position(tp) > spans[tp][0][1]:
                 spans[tp].pop(0)
@@ -427,12 +457,12 @@ def _identify(codec: Codec, data: bytes | None) -> tuple[str, str]:
         if not byte & 0x80:
             break
     length = (raw >> 1) ^ -(raw & 1)
-    if not 0 < length <= 64 or pos + length > len(data):
+    if not 0 < length <= 4 * MAX_EVENT_ID_CHARS or pos + length > len(data):  # UTF-8: up to 4 bytes a character
         raise ValueError(f"event_id length {length} out of range")
     return name, data[pos:pos + length].decode()
 
 
-def _mark(events: Any, status: str, note: str = "") -> None:
+def _mark(events: Iterable[EventInfo], status: KafkaCheck, note: str = "") -> None:
     for e in events:
         e.kafka, e.kafka_note = status, note
 

@@ -35,12 +35,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
 
-from streams.events import InferenceRequested
-from streams.telemetry.lag import GroupOffsets
-from streams.telemetry.metrics import Metrics
+from agentstream.streams.events import InferenceRequested
+from agentstream.streams.telemetry.lag import GroupOffsets
+
+if TYPE_CHECKING:
+    from agentstream.streams.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from streams.telemetry.metrics import Metrics
-
 if TYPE_CHECKING:
-    from streams.runtime import ServiceRunner
+    from agentstream.streams.runtime import ServiceRunner
+    from agentstream.streams.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ registrations in PostgreSQL (``workers`` table: every worker serving metrics und
 
 ``--once`` prints one snapshot (two scrapes, one interval apart) and exits; tests use it.
 
-``agentstream top`` (streams/cli.py) calls ``top_command``.
+``agentstream top`` (agentstream/cli.py) calls ``run_top``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
-import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from streams.config import Settings
-from streams.telemetry.discovery import discover
+from agentstream.streams.config import Settings
+from agentstream.streams.telemetry.discovery import discover
 
 SERVICES = ("planner", "inference", "retrieval", "tools")
 Labels = tuple[tuple[str, str], ...]
@@ -219,14 +218,4 @@ async def run_top(endpoints: str | None, interval: float, once: bool, console: C
                 previous = {s.url: s for s in current}
 
 
-def top_command(endpoints: str | None = None, interval: float = 2.0, once: bool = False) -> None:
-    """Live dashboard of the workers: steps/s by service, runs/s, lag, backlog, TTFT, tokens/s, errors."""
-    console = Console()
-    try:
-        status = asyncio.run(run_top(endpoints, interval, once, console))
-    except KeyboardInterrupt:
-        status = 0
-    raise typer.Exit(status)
-
-
-__all__ = ["Row", "Scrape", "endpoint_urls", "parse", "render", "row", "run_top", "snapshot", "top_command"]
+__all__ = ["Row", "Scrape", "endpoint_urls", "parse", "render", "row", "run_top", "snapshot"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.tools.registry import ToolContext, tool
+from agentstream.services.tools.registry import ToolContext, tool
 
 
 @tool(description="Record a side effect (a row in test_effects) and say so.")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams.config import Settings
+from agentstream.streams.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
 def start_worker(settings: Settings, service: str, log: Path, *args: str, **env: str) -> subprocess.Popen:
     """``agentstream worker SERVICE ARGS…`` with its output appended to ``log``."""
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", service, *args],
+        return subprocess.Popen([sys.executable, "-m", "agentstream.cli", "worker", service, *args],
                                 env=worker_env(settings, **env), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 

@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 from rich.console import Console
 
-from services.demo import SAMPLE_NOTES, SAMPLE_TASK, run_demo
-from streams.testing import isolated
+from agentstream.demo import SAMPLE_NOTES, SAMPLE_TASK, run_demo
+from agentstream.testing import isolated
 
 
 @pytest.mark.asyncio

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from streams.devstack.postgres import default_work_dir
-from streams.devstack.process import ProcessRef, RunAs, free_port, port_in_use
+from agentstream.devstack.postgres import default_work_dir
+from agentstream.devstack.process import ProcessRef, RunAs, free_port, port_in_use
 
 pytestmark = pytest.mark.slow
-CLI = [sys.executable, "-m", "streams.cli"]
+CLI = [sys.executable, "-m", "agentstream.cli"]
 
 
 def _env(state_dir: Path, kafka_port: int, pg_port: int, **extra: str) -> dict[str, str]:

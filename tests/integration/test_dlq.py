@@ -19,13 +19,19 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
-from services.worker import WorkerOptions
-from streams.codec import codec_for
-from streams.config import REPO_ROOT, Settings
-from streams.dlq import REDRIVE_HEADER, DeadLetters
-from streams.events import DeadLetter, InferenceCompleted, InferenceRequested, Message, TaskSubmitted
-from streams.runtime import ServiceRunner
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.dlq import REDRIVE_HEADER, DeadLetters
+from agentstream.streams.events import (
+    DeadLetter,
+    InferenceCompleted,
+    InferenceRequested,
+    Message,
+    TaskSubmitted,
+)
+from agentstream.streams.runtime import ServiceRunner
+from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -135,7 +141,7 @@ async def cli(pipe: Pipeline, *args: str) -> tuple[int, str]:
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": pipe.settings.kafka_bootstrap,
            "DATABASE_URL": pipe.settings.database_url, "AGENTSTREAM_TOPIC_PREFIX": pipe.settings.topic_prefix,
            "COLUMNS": "250"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "streams.cli", *args, cwd=REPO_ROOT, env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "agentstream.cli", *args, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode or 0, out.decode()

@@ -10,8 +10,8 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from services.worker import WorkerOptions
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SLOTS = 2

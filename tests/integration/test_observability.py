@@ -12,26 +12,26 @@ from dataclasses import replace
 import aiohttp
 import pytest
 import pytest_asyncio
-import typer
 from aiokafka import TopicPartition
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 from typer.testing import CliRunner
 
-from services import worker as worker_module
-from services.alerts.app import AlertsApp
-from services.inference.backends.scripted import ScriptedBackend
-from services.worker import Worker, WorkerOptions
-from streams.config import AlertSettings, TelemetrySettings
-from streams.events import AlertRaised
-from streams.telemetry import tracing as telemetry_tracing
-from streams.telemetry.discovery import discover
-from streams.telemetry.top import parse, run_top, top_command
-from streams.telemetry.tracing import Tracing, span_record
-from streams.testing import Pipeline, end_offsets, isolated, read_events
+from agentstream.cli import app as cli_app
+from agentstream.services import worker as worker_module
+from agentstream.services.alerts.app import AlertsApp
+from agentstream.services.inference.backends.scripted import ScriptedBackend
+from agentstream.services.worker import Worker, WorkerOptions
+from agentstream.streams.config import AlertSettings, TelemetrySettings
+from agentstream.streams.events import AlertRaised
+from agentstream.streams.telemetry import tracing as telemetry_tracing
+from agentstream.streams.telemetry.discovery import discover
+from agentstream.streams.telemetry.top import parse, run_top
+from agentstream.streams.telemetry.tracing import Tracing, span_record
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 
 
 @pytest.fixture(scope="module")
@@ -227,10 +227,9 @@ async def test_top_once_shows_the_registered_worker(pipe, settings):
     assert pipe.worker.metrics_url.removeprefix("http://").removesuffix("/metrics") in text
     assert "planner" in text and "steps/s" in text
 
-    app = typer.Typer()
-    app.command()(top_command)
     endpoint = pipe.worker.metrics_url.removeprefix("http://").removesuffix("/metrics")
-    out = await asyncio.to_thread(CliRunner().invoke, app, ["--endpoints", endpoint, "--once", "--interval", "0.2"])
+    out = await asyncio.to_thread(CliRunner().invoke, cli_app, ["top", "--endpoints", endpoint, "--once",
+                                                                "--interval", "0.2"])
     assert out.exit_code == 0, out.output
     assert endpoint in out.output
 

@@ -10,11 +10,11 @@ import uuid
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from services.worker import WorkerOptions
-from streams.config import TelemetrySettings
-from streams.telemetry import tracing as telemetry_tracing
-from streams.telemetry.tracing import Tracing
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.config import TelemetrySettings
+from agentstream.streams.telemetry import tracing as telemetry_tracing
+from agentstream.streams.telemetry.tracing import Tracing
+from agentstream.testing import Pipeline, isolated
 
 
 async def _collector() -> tuple[web.AppRunner, str, list[tuple[str, bytes]]]:

@@ -1,4 +1,4 @@
-"""Outages in the middle of a load, on a broker and a database of the test's own (streams/devstack/private.py):
+"""Outages in the middle of a load, on a broker and a database of the test's own (agentstream/devstack/private.py):
 PostgreSQL stopped for 30 s, the broker killed and restarted, a planner paused past its session timeout.
 Every run completes, every side effect happens once, no snapshot goes back in version."""
 
@@ -16,16 +16,16 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.worker import WorkerOptions
-from streams.codec import DecodeError, codec_for
-from streams.devstack.private import PrivateStack
-from streams.devstack.process import free_port
-from streams.events import RunStateSnapshot
-from streams.testing import Pipeline
+from agentstream.devstack.private import PrivateStack
+from agentstream.devstack.process import free_port
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.codec import DecodeError, codec_for
+from agentstream.streams.events import RunStateSnapshot
+from agentstream.testing import Pipeline
 from tests.integration.processes import start_worker, stop, wait_for_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 TASK = '[[slow:200]] [[tool:effect {"label": "a"}]] [[tool:effect {"label": "b"}]] [[answer:done]]'
 EFFECTS = """CREATE TABLE IF NOT EXISTS test_effects (id serial PRIMARY KEY, run_id text NOT NULL,
              step_id text NOT NULL, label text NOT NULL, at timestamptz NOT NULL DEFAULT now())"""

@@ -11,14 +11,14 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from services.worker import WorkerOptions
-from streams.client import TaskRejected
-from streams.codec import codec_for
-from streams.events import DeadLetter, RunStateSnapshot, TaskSubmitted
-from streams.testing import Pipeline, end_offsets, isolated, read_events
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.client import TaskRejected
+from agentstream.streams.codec import codec_for
+from agentstream.streams.events import DeadLetter, RunStateSnapshot, TaskSubmitted
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from services.planner.actions import parse_action
-from services.worker import WorkerOptions
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.actions import parse_action
+from agentstream.testing import Pipeline, isolated
 
 pytest.importorskip("xllamacpp", reason="the llama.cpp backend needs xllamacpp (make venv installs it)")
 pytestmark = pytest.mark.slow

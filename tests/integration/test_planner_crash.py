@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from services.worker import WorkerOptions
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.testing import Pipeline, isolated
 from tests.integration.processes import start_worker, wait_for
 
 pytestmark = pytest.mark.slow

@@ -9,11 +9,11 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from services.worker import WorkerOptions
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 DOC = "Log compaction keeps the latest value for every key of a Kafka topic and drops older ones."
 
 

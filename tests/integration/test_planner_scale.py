@@ -14,12 +14,12 @@ import uuid
 
 import pytest
 
-from services.worker import WorkerOptions
-from streams.testing import Pipeline, isolated
+from agentstream.services.worker import WorkerOptions
+from agentstream.testing import Pipeline, isolated
 from tests.integration.processes import start_worker, stop, wait_for_members
 
 pytestmark = pytest.mark.slow
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 TASK = ('[[tool:effect {"label": "a"}]] [[retrieve:kafka log compaction]] [[tool:effect {"label": "b"}]] '
         '[[tool:effect {"label": "c"}]] [[answer:done]]')
 LABELS = ("a", "b", "c")

@@ -8,8 +8,8 @@ import asyncpg
 import numpy as np
 import pytest
 
-from streams import db, migrations
-from streams.errors import MigrationError
+from agentstream.streams import db, migrations
+from agentstream.streams.errors import MigrationError
 
 
 async def test_connects_with_pgvector(database_url):

@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.worker import WorkerOptions
-from streams.replay import timeline
-from streams.replay.diff import diff_runs
-from streams.replay.html import LANE_COLOURS, render
-from streams.replay.rerun import ReplaySession, delete_topics, rerun
-from streams.testing import Pipeline, isolated
+from agentstream.replay.rerun import ReplaySession, delete_topics, rerun
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.replay import timeline
+from agentstream.streams.replay.diff import diff_runs
+from agentstream.streams.replay.html import LANE_COLOURS, render
+from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 OPTIONS = WorkerOptions(backend="scripted", tool_modules=TOOLS)
 DOC = "Zebras have black and white stripes; each zebra's pattern is unique."
 #: Slow enough that a recorded rerun (~15-27 ms a step on a slow day for this machine) is 20x faster
@@ -157,7 +157,7 @@ async def test_diff_flags_a_changed_tool_argument(original, settings):
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url}
     for pair, code in (((ids[0], ids[1]), 1), ((ids[0], ids[0]), 0)):
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "streams.replay.cli", "diff", *pair, "--json", cwd=REPO, env=env,
+            sys.executable, "-m", "agentstream.replay.cli", "diff", *pair, "--json", cwd=REPO, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, errors = await proc.communicate()
         assert proc.returncode == code, errors.decode()
@@ -205,7 +205,7 @@ async def test_recorded_rerun_gives_the_recorded_approvals_again(original, setti
 async def test_window_reruns_live_against_a_candidate_prompt(original, settings):
     from datetime import UTC, datetime, timedelta
 
-    from streams.replay.rerun import Overrides, window
+    from agentstream.replay.rerun import Overrides, window
 
     pipe = original.pipe
     since = datetime.now(UTC)
@@ -222,7 +222,7 @@ async def test_window_reruns_live_against_a_candidate_prompt(original, settings)
 
 
 def _no_tools():
-    from streams.replay.rerun import Overrides
+    from agentstream.replay.rerun import Overrides
 
     return Overrides(tools=[])
 

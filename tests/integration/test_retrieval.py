@@ -14,16 +14,16 @@ import pytest
 import pytest_asyncio
 from rich.console import Console
 
-from services.retrieval import search
-from services.retrieval.embeddings import DIM, Embedder, shared_encoder
-from services.retrieval.ingest import IngestError, chunk_file, ingest, run_ingest_cli
-from services.retrieval.search import any_word_tsquery, hybrid_search, rrf, vector_leg
-from services.retrieval.service import RetrievalService
-from services.worker import WorkerOptions
-from streams import db
-from streams.events import RetrievalCompleted, RetrievalRequested
-from streams.testing import Pipeline, isolated
-from streams.topics import Topics
+from agentstream.services.retrieval import search
+from agentstream.services.retrieval.embeddings import DIM, Embedder, shared_encoder
+from agentstream.services.retrieval.ingest import IngestError, chunk_file, ingest, run_ingest_cli
+from agentstream.services.retrieval.search import any_word_tsquery, hybrid_search, rrf, vector_leg
+from agentstream.services.retrieval.service import RetrievalService
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams import db
+from agentstream.streams.events import RetrievalCompleted, RetrievalRequested
+from agentstream.streams.topics import Topics
+from agentstream.testing import Pipeline, isolated
 
 aio = pytest.mark.asyncio(loop_scope="module")
 
@@ -295,7 +295,7 @@ async def test_a_scripted_run_gets_the_passage_it_asked_for(settings, pool, embe
     path.write_text("# Facts\n\nThe lighthouse keeper on Skerry Point rows to the mainland every Thursday "
                     "to collect the mail and fresh bread.\n")
     stats = await ingest(pool, embedder, [path], collection="default")  # the planner asks "default"
-    options = WorkerOptions(backend="scripted", tool_modules=("services.tools.builtin",))
+    options = WorkerOptions(backend="scripted", tool_modules=("agentstream.services.tools.builtin",))
     try:
         async with Pipeline.start(isolated(settings, f"t{uuid.uuid4().hex[:8]}."), options,
                                   services=("planner", "inference", "retrieval")) as pipe:

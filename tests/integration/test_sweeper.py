@@ -10,12 +10,12 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
-from services.worker import Worker, WorkerOptions
-from streams.testing import Pipeline, end_offsets, isolated
+from agentstream.services.worker import Worker, WorkerOptions
+from agentstream.testing import Pipeline, end_offsets, isolated
 from tests.integration.processes import wait_for
 
 pytestmark = pytest.mark.slow
-TOOLS = ("services.tools.builtin", "tests.integration.pipeline_tools")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 
 
 async def test_a_lost_request_is_re_driven(settings):

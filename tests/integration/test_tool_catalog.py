@@ -13,16 +13,16 @@ import pytest
 import pytest_asyncio
 from aiokafka import TopicPartition
 
-from services.tools.builtin import tools_for
-from services.worker import WorkerOptions
-from streams.client import AgentClient, TaskRejected
-from streams.devstack.process import free_port
-from streams.events import Event, InferenceRequested, TaskSubmitted
-from streams.testing import Pipeline, end_offsets, isolated, read_events
-from streams.tool_catalog import ToolCatalog, ToolCatalogUnavailable, ToolInfo, register
+from agentstream.devstack.process import free_port
+from agentstream.services.tools.builtin import tools_for
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.client import AgentClient, TaskRejected
+from agentstream.streams.events import Event, InferenceRequested, TaskSubmitted
+from agentstream.streams.tool_catalog import ToolCatalog, ToolCatalogUnavailable, ToolInfo, register
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-OPTIONS = WorkerOptions(backend="scripted", tool_modules=("services.tools.builtin",))
+OPTIONS = WorkerOptions(backend="scripted", tool_modules=("agentstream.services.tools.builtin",))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -24,14 +24,14 @@ import pytest
 import pytest_asyncio
 from aiokafka import TopicPartition
 
-from services.tools.registry import ToolError
-from services.tools.sql import SqlQueryConfig, run_query
-from services.worker import WorkerOptions
-from streams import db
-from streams.codec import codec_for
-from streams.events import DeadLetter, ToolCallRequested
-from streams.testing import Pipeline, end_offsets, isolated, read_events
-from streams.tool_catalog import ToolCatalog
+from agentstream.services.tools.registry import ToolError
+from agentstream.services.tools.sql import SqlQueryConfig, run_query
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams import db
+from agentstream.streams.codec import codec_for
+from agentstream.streams.events import DeadLetter, ToolCallRequested
+from agentstream.streams.tool_catalog import ToolCatalog
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 from tests.integration.tool_fixtures import RUNS_TABLE
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -246,7 +246,7 @@ def _tools_worker(settings, log: Path) -> subprocess.Popen:
            "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions),
            "AGENTSTREAM_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms)}
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", "tools", "--tools", TOOLS[0]],
+        return subprocess.Popen([sys.executable, "-m", "agentstream.cli", "worker", "tools", "--tools", TOOLS[0]],
                                 env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.tools.builtin import RetrieveConfig, retrieve_tool
-from services.tools.registry import ToolContext, ToolError, tool
-from services.tools.sql import SqlQueryConfig, sql_query_tool
+from agentstream.services.tools.builtin import RetrieveConfig, retrieve_tool
+from agentstream.services.tools.registry import ToolContext, ToolError, tool
+from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
 
 RUNS_TABLE = "test_tool_runs"
 

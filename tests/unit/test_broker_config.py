@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from aiokafka.protocol.metadata import MetadataRequest
 
-from streams.devstack.kafka import KafkaLauncher
-from streams.errors import StackError
-from streams.kafka_metadata import disable_auto_topic_creation
+from agentstream.devstack.kafka import KafkaLauncher
+from agentstream.streams.errors import StackError
+from agentstream.streams.kafka_metadata import disable_auto_topic_creation
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_4_VERSIONS = {MetadataRequest.API_KEY: (0, 12)}  # aiokafka picks the highest it has (v5)

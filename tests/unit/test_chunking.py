@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from services.retrieval.ingest import chunk_file, chunk_text, content_hash, discover, normalise
+from agentstream.services.retrieval.ingest import chunk_file, chunk_text, content_hash, discover, normalise
 
 SENTENCES = [f"Sentence {i} says something about topic {i % 7} in a plain way." for i in range(60)]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from streams.codec import Codec, DecodeError
-from streams.config import REPO_ROOT
-from streams.events import (
+from agentstream.streams import resources
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.events import (
     EVENT_TYPES,
     DeadLetter,
     InferenceRequested,
@@ -24,9 +24,9 @@ from streams.events import (
     TaskSubmitted,
     step_id,
 )
-from streams.registry import LocalRegistry, schema_id
+from agentstream.streams.registry import LocalRegistry, schema_id
 
-SCHEMAS = REPO_ROOT / "schemas"
+SCHEMAS = resources.schemas_dir()
 
 
 @pytest.fixture(scope="module")

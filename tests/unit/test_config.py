@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from streams.config import DEFAULT_KAFKA_PORT, Settings, StackPaths, dev_ports
-from streams.errors import ConfigError
+from agentstream.streams.config import DEFAULT_KAFKA_PORT, Settings, StackPaths, dev_ports
+from agentstream.streams.errors import ConfigError
 
 
 @pytest.fixture

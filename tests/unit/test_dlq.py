@@ -14,13 +14,13 @@ import fastavro
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from streams import dlq
-from streams.codec import Codec
-from streams.config import REPO_ROOT, Settings
-from streams.dlq import Rejected, dead_letter, publish_dead_letter, size_budgets
-from streams.events import DeadLetter, Event
-from streams.registry import LocalRegistry, schema_id
-from streams.topics import Topics
+from agentstream.streams import dlq, resources
+from agentstream.streams.codec import Codec
+from agentstream.streams.config import Settings
+from agentstream.streams.dlq import Rejected, dead_letter, publish_dead_letter, size_budgets
+from agentstream.streams.events import DeadLetter, Event
+from agentstream.streams.registry import LocalRegistry, schema_id
+from agentstream.streams.topics import Topics
 
 LIMIT = 512 * 1024
 
@@ -91,7 +91,7 @@ def test_a_record_without_value_has_no_digest(codec):
 
 def test_letters_written_before_the_digest_fields_still_decode():
     """The DeadLetter schema before value_size / value_sha256 / truncated is kept in schemas/history."""
-    old = json.loads((REPO_ROOT / "schemas" / "history" / "DeadLetter.v0.avsc").read_text())
+    old = json.loads((resources.schemas_dir() / "history" / "DeadLetter.v0.avsc").read_text())
     assert {f["name"] for f in old["fields"]}.isdisjoint({"value_size", "value_sha256", "truncated"})
     out = io.BytesIO()
     out.write(struct.pack(">bI", 0, schema_id(old)))

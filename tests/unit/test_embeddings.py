@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from services.retrieval.embeddings import (
+from agentstream.services.retrieval.embeddings import (
     DIM,
     Embedder,
     EmbeddingModelUnavailable,

@@ -6,11 +6,11 @@ import asyncpg
 import orjson
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from services.inference.backends.base import BackendError
-from streams.assignor import balance
-from streams.outages import DATABASE, KAFKA, MODEL, backoff, outage_of
-from streams.store import event_uuid, pg_text, to_json
-from streams.task_rules import event_id_problem, run_id_problem
+from agentstream.services.inference.backends.base import BackendError
+from agentstream.streams.assignor import balance
+from agentstream.streams.outages import DATABASE, KAFKA, MODEL, backoff, outage_of
+from agentstream.streams.store import event_uuid, pg_text, to_json
+from agentstream.streams.task_rules import event_id_problem, run_id_problem
 
 
 def test_balance_gives_every_member_its_share_and_keeps_what_it_had():
@@ -52,7 +52,10 @@ def test_text_postgres_refuses_is_replaced_and_a_literal_escape_is_kept():
 
 
 def test_ids_from_other_producers():
-    assert event_id_problem("not-a-uuid") and event_id_problem(event_uuid("x")) is None
+    assert event_id_problem("not-a-uuid") is None and event_id_problem(event_uuid("x")) is None
+    assert event_id_problem("") and event_id_problem("e" * 201) and event_id_problem(None)
+    assert event_uuid("not-a-uuid") != event_uuid("not-a-uuid-2")
+    assert event_uuid("6F1C2A3E-8C55-4D0E-9A43-5B7F0E2D9C11") == "6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11"
     assert event_uuid("not-a-uuid") == event_uuid("not-a-uuid")  # deterministic: a copy is the same event
     assert run_id_problem("") and run_id_problem("r" * 500) and run_id_problem("a\nb")
     assert run_id_problem("run-1") is None

@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fastavro
 import pytest
 
-from streams.codec import Codec, DecodeError
-from streams.events import TaskSubmitted
-from streams.registry import HttpRegistry, LocalRegistry
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.events import TaskSubmitted
+from agentstream.streams.registry import HttpRegistry, LocalRegistry
 
 
 class _Registry(BaseHTTPRequestHandler):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from services.planner import machine
-from services.planner.state import RunState
-from streams.events import (
+from agentstream.services.planner import machine
+from agentstream.services.planner.state import RunState
+from agentstream.streams.events import (
     ApprovalDecided,
     InferenceCompleted,
     InferenceRequested,
@@ -20,8 +20,8 @@ from streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from streams.tool_catalog import ToolInfo
-from streams.topics import Topics
+from agentstream.streams.tool_catalog import ToolInfo
+from agentstream.streams.topics import Topics
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 TOPICS = Topics()

@@ -1,6 +1,6 @@
 from aiokafka import TopicPartition
 
-from streams.offsets import OffsetTracker
+from agentstream.streams.offsets import OffsetTracker
 
 TP = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

@@ -12,9 +12,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
-from services.inference.backends.openai_compat import OpenAIBackend
-from streams.devstack.process import free_port
+from agentstream.devstack.process import free_port
+from agentstream.services.inference.backends.base import (
+    BackendError,
+    ChatMessage,
+    Delta,
+    Final,
+    GenerationRequest,
+)
+from agentstream.services.inference.backends.openai_compat import OpenAIBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

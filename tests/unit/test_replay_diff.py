@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from streams.replay.diff import decision, diff_runs, percentile, window_report
+from agentstream.streams.replay.diff import decision, diff_runs, percentile, window_report
 
 
 def model(index: int, action: dict, **result) -> dict:

@@ -1,7 +1,7 @@
 """The scripted model server (services/inference/scripted_server.py) speaks what the ``openai`` backend
 sends and expects: the backend streams the reply ``scripted_reply`` gives for the same conversation,
 with usage; tool turns come back as tool messages; the non-streaming form and ``/health`` answer; and the
-module runs as ``python -m services.inference.scripted_server``."""
+module runs as ``python -m agentstream.services.inference.scripted_server``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
-from services.inference.backends.openai_compat import OpenAIBackend
-from services.inference.backends.scripted import scripted_reply
-from services.inference.scripted_server import ScriptedServer, ServerConfig, to_messages
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
+from agentstream.services.inference.backends.openai_compat import OpenAIBackend
+from agentstream.services.inference.backends.scripted import scripted_reply
+from agentstream.services.inference.scripted_server import ScriptedServer, ServerConfig, to_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = '[[tool:calculator {"expression": "17 * 23"}]] [[answer:391]]'
@@ -115,7 +115,7 @@ async def test_a_client_that_goes_away_aborts_a_slow_generation(server: TestServ
 
 async def test_runs_as_a_module() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.inference.scripted_server", "--port", "0", cwd=ROOT,
+        sys.executable, "-m", "agentstream.services.inference.scripted_server", "--port", "0", cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         assert proc.stdout is not None

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from streams.codec import Codec, DecodeError
-from streams.devstack.process import free_port
-from streams.events import ToolRegistered
-from streams.registry import LocalRegistry
-from streams.tool_catalog import ToolCatalog, ToolCatalogUnavailable, ToolInfo, registration
-from streams.topics import Topics
+from agentstream.devstack.process import free_port
+from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.events import ToolRegistered
+from agentstream.streams.registry import LocalRegistry
+from agentstream.streams.tool_catalog import ToolCatalog, ToolCatalogUnavailable, ToolInfo, registration
+from agentstream.streams.topics import Topics
 
 CALC = ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object", "properties": {"expression": {"type": "string"}}})
 

@@ -6,11 +6,11 @@ import time
 import pytest
 from aiohttp import web
 
-from services.tools.builtin import BuiltinConfig, builtin_tools, calculator, evaluate, tools_for
-from services.tools.http import HttpGetConfig, _refused_address, fetch, http_get_tool
-from services.tools.registry import ToolArgumentError, ToolContext, ToolError, load_tools, tool
-from services.tools.sql import SqlQueryConfig, _result
-from streams.errors import ConfigError
+from agentstream.services.tools.builtin import BuiltinConfig, builtin_tools, calculator, evaluate, tools_for
+from agentstream.services.tools.http import HttpGetConfig, _refused_address, fetch, http_get_tool
+from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, load_tools, tool
+from agentstream.services.tools.sql import SqlQueryConfig, _result
+from agentstream.streams.errors import ConfigError
 
 
 @pytest.mark.parametrize("expression,value", [
@@ -58,7 +58,7 @@ def test_context_parameter_is_not_in_the_schema():
 
 def test_tools_must_be_async_and_typed():
     with pytest.raises(TypeError, match="async"):
-        tool(lambda x: x)  # type: ignore[arg-type]
+        tool(lambda x: x)
 
     async def untyped(x):
         return x
@@ -68,7 +68,7 @@ def test_tools_must_be_async_and_typed():
 
 
 def test_load_tools_from_modules():
-    names = {t.name for t in load_tools("services.tools.builtin", "tests.integration.pipeline_tools")}
+    names = {t.name for t in load_tools("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")}
     assert {"calculator", "effect", "sleep"} <= names
     with pytest.raises(ValueError, match="no tools"):
         load_tools("json")
@@ -92,7 +92,7 @@ def test_retry_settings_and_backoff():
 # -- which built-ins a worker serves ------------------------------------------------------------------
 
 def test_http_get_is_off_unless_hosts_are_allowed():
-    assert {t.name for t in load_tools("services.tools.builtin")} == {"calculator", "sql_query", "retrieve"}
+    assert {t.name for t in load_tools("agentstream.services.tools.builtin")} == {"calculator", "sql_query", "retrieve"}
     assert {t.name for t in builtin_tools()} == {"calculator", "sql_query", "retrieve"}
     assert BuiltinConfig.from_env({}).http_get is None
     assert BuiltinConfig.from_env({"AGENTSTREAM_HTTP_ALLOWED_HOSTS": " , "}).http_get is None
@@ -109,7 +109,7 @@ def test_http_get_is_off_unless_hosts_are_allowed():
 
 def test_tools_for_replaces_the_builtin_module_with_the_configured_builtins():
     config = BuiltinConfig(http_get=HttpGetConfig(allowed_hosts=frozenset({"example.com"})))
-    names = [t.name for t in tools_for(["services.tools.builtin", "tests.integration.pipeline_tools"], config)]
+    names = [t.name for t in tools_for(["agentstream.services.tools.builtin", "tests.integration.pipeline_tools"], config)]
     assert names[:4] == ["calculator", "sql_query", "retrieve", "http_get"] and "effect" in names
     assert "calculator" not in {t.name for t in tools_for(["tests.integration.pipeline_tools"], config)}
 

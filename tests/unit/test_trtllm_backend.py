@@ -16,8 +16,14 @@ from typing import Any
 
 import pytest
 
-from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
-from services.inference.backends.trtllm import TrtLlmBackend, chat_messages
+from agentstream.services.inference.backends.base import (
+    BackendError,
+    ChatMessage,
+    Delta,
+    Final,
+    GenerationRequest,
+)
+from agentstream.services.inference.backends.trtllm import TrtLlmBackend, chat_messages
 
 HANG = object()  # a script step that never arrives (the engine is still computing)
 

@@ -8,11 +8,11 @@ async iterator, aborts the generation and frees its slot.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from streams.errors import AgentStreamError
+from agentstream.streams.errors import AgentStreamError
 
 
 class BackendError(AgentStreamError):
@@ -78,6 +78,7 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Release the engine."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
-        """Yield deltas, then one ``Final``. Raise ``BackendError`` on failure."""
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta | Final, None]:
+        """Yield deltas, then one ``Final``. Raise ``BackendError`` on failure. An async generator: the
+        service closes it (``aclose``) to abort a generation it no longer wants."""
         ...

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from services.inference.backends.base import Final
+from agentstream.services.inference.backends.base import Final
 
 
 class ChatStream:

@@ -29,14 +29,20 @@ import shutil
 import tempfile
 import threading
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import xllamacpp
 
-from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
-from services.inference.backends.chat_stream import ChatStream
+from agentstream.services.inference.backends.base import (
+    BackendError,
+    ChatMessage,
+    Delta,
+    Final,
+    GenerationRequest,
+)
+from agentstream.services.inference.backends.chat_stream import ChatStream
 
 _DONE = object()
 #: llama.cpp error types/codes that mean "busy or not ready": worth retrying later.
@@ -173,7 +179,7 @@ class LlamaCppBackend:
             body["id_slot"] = zlib.crc32(request.cache_key.encode()) % self.slots
         return body
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta | Final, None]:
         """Stream one chat completion; closing this iterator aborts the generation in the engine."""
         server, pool = self._server, self._pool
         if server is None or pool is None:

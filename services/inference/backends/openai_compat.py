@@ -21,13 +21,19 @@ import email.utils
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
 
-from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
-from services.inference.backends.chat_stream import ChatStream
+from agentstream.services.inference.backends.base import (
+    BackendError,
+    ChatMessage,
+    Delta,
+    Final,
+    GenerationRequest,
+)
+from agentstream.services.inference.backends.chat_stream import ChatStream
 
 log = logging.getLogger(__name__)
 _FINISH = {"abort": "cancelled", "cancelled": "cancelled"}  # vLLM's engine calls an aborted request "abort"
@@ -174,7 +180,7 @@ class OpenAIBackend:
             }
         return body
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta | Final, None]:
         """Stream one completion. Closing or cancelling this iterator closes the HTTP response, which makes
         the server abort the generation and free its batch slot."""
         session = self._session

@@ -19,9 +19,9 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
-from services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 
 _DIRECTIVE = re.compile(r"\[\[(tool|retrieve|answer|garbage|slow)(?::(.*?))?\]\]", re.S)
 _ARITHMETIC = re.compile(r"[-+(]*\d[\d.\s]*(?:[-+*/%^][\s(]*[-+]?\d[\d.\s]*\)*)+")
@@ -80,7 +80,7 @@ class ScriptedBackend:
     async def close(self) -> None:
         return None
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta | Final, None]:
         started = time.perf_counter()
         self.active += 1
         self.max_active = max(self.max_active, self.active)

@@ -30,10 +30,16 @@ import json
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from services.inference.backends.base import BackendError, ChatMessage, Delta, Final, GenerationRequest
+from agentstream.services.inference.backends.base import (
+    BackendError,
+    ChatMessage,
+    Delta,
+    Final,
+    GenerationRequest,
+)
 
 _INSTALL_HINT = "pip install agentstream[gpu] on an NVIDIA machine, see docs/gpu.md"
 #: Engine finish reasons -> ours. ``timeout`` only happens with a per-request timeout (never set here).
@@ -217,7 +223,7 @@ class TrtLlmBackend:
                 json=json.dumps(request.response_schema))
         return self._api["SamplingParams"](**options)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Final]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Delta | Final, None]:
         """Stream one chat completion; closing this iterator (or cancelling its task) aborts the request
         in the engine, freeing its batch slot."""
         llm = self._llm

@@ -1,6 +1,6 @@
 """``agentstream replay …``: show a run's timeline, re-run it (recorded or live), fork it, diff two runs,
-re-run a time window against a candidate model or prompt. A Typer sub-app, wired into streams/cli.py
-with ``app.add_typer(replay_app, name="replay")``; also runnable as ``python -m streams.replay.cli``.
+re-run a time window against a candidate model or prompt. A Typer sub-app, wired into agentstream/cli.py
+with ``app.add_typer(replay_app, name="replay")``; also runnable as ``python -m agentstream.replay.cli``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streams.errors import AgentStreamError
+from agentstream.streams.errors import AgentStreamError
 
 app = typer.Typer(help="Replay runs for debugging: timeline, deterministic re-execution, fork, per-step diff.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -26,30 +26,30 @@ T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop like the other commands (imported here: streams.cli imports this module)."""
-    from streams.cli import run_async
+    """Run on uvloop like the other commands (imported here: agentstream.cli imports this module)."""
+    from agentstream.cli import run_async
 
     try:
-        return run_async(coro)  # type: ignore[return-value]
+        return run_async(coro)
     except AgentStreamError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
 def _settings():
-    from streams.config import Settings
+    from agentstream.streams.config import Settings
 
     return Settings.load()
 
 
 def _options(backend: str, model: str | None, tool_modules: list[str] | None):
-    from services.worker import WorkerOptions
+    from agentstream.services.worker import WorkerOptions
 
     backend_options: dict[str, Any] = {}
     if model and backend != "scripted":
         backend_options["model_path" if backend == "llamacpp" else "model"] = model
     return WorkerOptions(backend=backend, backend_options=backend_options,
-                         tool_modules=tuple(tool_modules) if tool_modules else ("services.tools.builtin",))
+                         tool_modules=tuple(tool_modules) if tool_modules else ("agentstream.services.tools.builtin",))
 
 
 def _ms(value: float | None) -> str:
@@ -69,14 +69,14 @@ def show(run_id: str,
          as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
          no_kafka: bool = typer.Option(False, "--no-kafka", help="Skip the cross-check against Kafka.")) -> None:
     """A run's timeline from PostgreSQL, every event cross-checked in Kafka."""
-    from streams.replay import timeline as tl_mod
+    from agentstream.streams.replay import timeline as tl_mod
 
     tl = _run(tl_mod.show(_settings(), run_id, check=not no_kafka))
     if tl is None:
         err.print(f"[red]error:[/red] no run {run_id}")
         raise typer.Exit(2)
     if html is not None:
-        from streams.replay.html import render
+        from agentstream.streams.replay.html import render
 
         html.write_text(render(tl), encoding="utf-8")
     if as_json:
@@ -131,7 +131,7 @@ def print_timeline(tl) -> None:
 # -- rerun / fork ---------------------------------------------------------------------------------
 
 def _overrides(model: str | None, system_prompt: str | None, tools: str | None):
-    from streams.replay.rerun import Overrides
+    from agentstream.replay.rerun import Overrides
 
     return Overrides(model=model, system_prompt=system_prompt,
                      tools=[t for t in tools.split(",") if t] if tools is not None else None)
@@ -164,7 +164,7 @@ def rerun(run_id: str,
           as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Re-execute a run on an isolated pipeline (its own topic prefix and workers) and compare decisions.
     Exit 0 only if it finished (and, recorded, made the same decisions)."""
-    from streams.replay.rerun import rerun as do_rerun
+    from agentstream.replay.rerun import rerun as do_rerun
 
     if mode not in ("recorded", "live"):
         err.print("[red]error:[/red] --mode is recorded or live (forks: agentstream replay fork)")
@@ -186,7 +186,7 @@ def fork(run_id: str,
          timeout: float = typer.Option(300.0, help="Seconds to wait for the fork."),
          as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """A new run seeded with the recorded steps before N, live from N."""
-    from streams.replay.rerun import rerun as do_rerun
+    from agentstream.replay.rerun import rerun as do_rerun
 
     if from_step < 0:
         err.print("[red]error:[/red] --from-step must be 0 or more")
@@ -217,9 +217,9 @@ def print_diff(d) -> None:
 @app.command()
 def diff(run_a: str, run_b: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Align two runs' steps and show what differs; exit 1 when their decisions differ."""
-    from streams import db
-    from streams.replay.diff import diff_runs
-    from streams.replay.timeline import summaries
+    from agentstream.streams import db
+    from agentstream.streams.replay.diff import diff_runs
+    from agentstream.streams.replay.timeline import summaries
 
     async def go():
         pool = await db.create_pool(_settings().database_url, min_size=1, max_size=2)
@@ -259,7 +259,7 @@ def window(since: datetime = typer.Option(..., help="ISO time: first submission 
     """Re-run every task submitted in a window (not replays) and report aggregate differences."""
     from datetime import UTC
 
-    from streams.replay.rerun import window as do_window
+    from agentstream.replay.rerun import window as do_window
 
     if mode not in ("recorded", "live"):
         err.print("[red]error:[/red] --mode is live or recorded")

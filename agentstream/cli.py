@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from streams.errors import AgentStreamError
-from streams.replay.cli import app as replay_app
+from agentstream.replay.cli import app as replay_app
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.extras import missing_extra
 
 app = typer.Typer(help="agentstream: AI agents as event streams on Apache Kafka.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -21,6 +25,7 @@ app.add_typer(replay_app, name="replay")
 
 console = Console()
 err = Console(stderr=True)
+T = TypeVar("T")
 
 
 @dev.command("up")
@@ -29,7 +34,7 @@ def dev_up(
     pg_port: int = typer.Option(None, help="PostgreSQL port on 127.0.0.1."),
 ) -> None:
     """Start Kafka and PostgreSQL (if not running), apply migrations, print where they listen."""
-    from streams.devstack.stack import DevStack
+    from agentstream.devstack.stack import DevStack
 
     with console.status("starting Kafka and PostgreSQL…"):
         status = DevStack().up(kafka_port=kafka_port, pg_port=pg_port)
@@ -40,7 +45,7 @@ def dev_up(
 @dev.command("down")
 def dev_down(purge: bool = typer.Option(False, help="Also delete the broker's and database's data.")) -> None:
     """Stop the local stack (never a cluster named by KAFKA_BOOTSTRAP_SERVERS / DATABASE_URL)."""
-    from streams.devstack.stack import DevStack
+    from agentstream.devstack.stack import DevStack
 
     stopped = DevStack().down(purge=purge)
     console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
@@ -49,7 +54,7 @@ def dev_down(purge: bool = typer.Option(False, help="Also delete the broker's an
 @dev.command("status")
 def dev_status(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Show where Kafka and PostgreSQL are and whether they are running (exit 1 when not)."""
-    from streams.devstack.stack import DevStack
+    from agentstream.devstack.stack import DevStack
 
     status = DevStack().status()
     if as_json:
@@ -72,8 +77,8 @@ def dev_check() -> None:
     """Produce, consume and commit a record on a throwaway topic and round-trip a vector."""
     import asyncio
 
-    from streams.config import Settings
-    from streams.devstack.check import run_check
+    from agentstream.devstack.check import run_check
+    from agentstream.streams.config import Settings
 
     settings = Settings.load()
     table = Table("step", "result", "ms", title=f"Kafka {settings.kafka_bootstrap} · {settings.database_url}")
@@ -96,7 +101,7 @@ def submit(
     """Publish a task to agent.tasks (refused with a clear message if it is invalid)."""
     import asyncio
 
-    from streams.client import AgentClient
+    from agentstream.streams.client import AgentClient
 
     async def go() -> dict:
         async with AgentClient() as client:
@@ -148,7 +153,7 @@ def deny(run_id: str, step_id: str, reason: str = typer.Option("", help="Told to
 def _decide(run_id: str, step_id: str, approved: bool, reason: str, by: str) -> None:
     import asyncio
 
-    from streams.client import AgentClient
+    from agentstream.streams.client import AgentClient
 
     async def go() -> None:
         async with AgentClient() as client:
@@ -163,7 +168,7 @@ def approvals(as_json: bool = typer.Option(False, "--json", help="Print one JSON
     """Tool calls waiting for a person's approval."""
     import asyncio
 
-    from streams.client import AgentClient
+    from agentstream.streams.client import AgentClient
 
     async def go() -> list[dict]:
         async with AgentClient() as client:
@@ -185,7 +190,7 @@ def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with 
     """Stop a run: it fails with error_code 'cancelled' and a generation in progress is aborted."""
     import asyncio
 
-    from streams.client import AgentClient
+    from agentstream.streams.client import AgentClient
 
     async def go() -> None:
         async with AgentClient() as client:
@@ -204,7 +209,7 @@ def ingest(
     as_json: bool = typer.Option(False, "--json", help="Print the stats as one JSON object."),
 ) -> None:
     """Chunk, embed and store text/markdown files for retrieval (re-ingesting adds only what is new)."""
-    from services.retrieval.ingest import run_ingest_cli
+    from agentstream.services.retrieval.ingest import run_ingest_cli
 
     stats = run_ingest_cli(paths, collection, err if as_json else console, chunk_chars=chunk_chars,
                            overlap=overlap)
@@ -217,9 +222,9 @@ def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Prin
     """A run's status and steps (from PostgreSQL)."""
     import asyncio
 
-    from streams.client import AgentClient
+    from agentstream.streams.client import AgentClient
 
-    async def go() -> dict | None:
+    async def go() -> Mapping[str, Any] | None:
         async with AgentClient() as client:
             return await client.status(run_id)
 
@@ -233,7 +238,7 @@ def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Prin
         print_run(details)
 
 
-def print_run(details: dict) -> None:
+def print_run(details: Mapping[str, Any]) -> None:
     """The run's steps as a table, then its answer or error."""
     table = Table("#", "kind", "status", "request", "result", "ms", title=f"{details['run_id']} · {details['status']}")
     for step in details["steps"]:
@@ -281,10 +286,10 @@ def worker(
     import dataclasses
     import logging
 
-    from services.tools.builtin import BuiltinConfig
-    from services.tools.http import HttpGetConfig
-    from services.worker import SERVICES, WorkerOptions, serve
-    from streams.config import model_api_key, tool_environment
+    from agentstream.services.tools.builtin import BuiltinConfig
+    from agentstream.services.tools.http import HttpGetConfig
+    from agentstream.services.worker import SERVICES, WorkerOptions, serve
+    from agentstream.streams.config import model_api_key, tool_environment
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = list(SERVICES) if service == "all" else [service]
@@ -301,7 +306,7 @@ def worker(
     if http_allow:
         builtin = dataclasses.replace(builtin, http_get=HttpGetConfig.parse_hosts(http_allow))
     options = WorkerOptions(backend=backend, backend_options=backend_options, builtin=builtin,
-                            tool_modules=tuple(tools_module) if tools_module else ("services.tools.builtin",),
+                            tool_modules=tuple(tools_module) if tools_module else ("agentstream.services.tools.builtin",),
                             metrics_port=metrics_port)
     run_async(serve(names, options))
 
@@ -314,9 +319,13 @@ def top(
     once: bool = typer.Option(False, "--once", help="Print one snapshot and exit."),
 ) -> None:
     """Live dashboard of the workers: steps/s by service, runs/s, lag, backlog, TTFT, tokens/s, errors."""
-    from streams.telemetry.top import top_command
+    from agentstream.streams.telemetry.top import run_top
 
-    top_command(endpoints=endpoints, interval=interval, once=once)
+    try:
+        status = run_async(run_top(endpoints, interval, once, Console()))
+    except KeyboardInterrupt:
+        status = 0
+    raise typer.Exit(status)
 
 
 @app.command()
@@ -326,7 +335,7 @@ def alerts(
                                                                  "new events."),
 ) -> None:
     """Raise alerts (slow thinking, tool failure rate, lag) as events on agent.alerts and log lines."""
-    from services.alerts.app import run_alerts
+    from agentstream.services.alerts.app import run_alerts
 
     run_alerts(loglevel=log_level, from_start=from_start)
 
@@ -339,8 +348,8 @@ def demo(
     """Start the stack and the four services, run one task, show every step and event."""
     import logging
 
-    from services.demo import SAMPLE_TASK, pick_backend, run_demo
-    from streams.devstack.stack import DevStack
+    from agentstream.demo import SAMPLE_TASK, pick_backend, run_demo
+    from agentstream.devstack.stack import DevStack
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
@@ -366,10 +375,9 @@ def dlq_list(
     limit: int = typer.Option(50, "--limit", help="The most recent N matching letters (0: all)."),
 ) -> None:
     """Dead letters, oldest first: where each record came from, which service gave up on it and why."""
-    from rich.markup import escape
 
-    from streams.config import Settings
-    from streams.dlq import DeadLetters, StoredLetter
+    from agentstream.streams.config import Settings
+    from agentstream.streams.dlq import DeadLetters, StoredLetter
 
     async def go() -> list[StoredLetter]:
         async with DeadLetters(Settings.load()) as letters:
@@ -402,10 +410,9 @@ def dlq_list(
 def dlq_show(offset: int = typer.Argument(..., help="The letter's offset in the dead-letter topic."),
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Everything a letter holds, and the original event decoded when it decodes."""
-    from rich.markup import escape
 
-    from streams.config import Settings
-    from streams.dlq import DeadLetters
+    from agentstream.streams.config import Settings
+    from agentstream.streams.dlq import DeadLetters
 
     async def go() -> dict:
         async with DeadLetters(Settings.load()) as letters:
@@ -448,10 +455,9 @@ def dlq_redrive(
     Each copy has the original value, key and headers, plus agentstream-redrive naming the letter. A
     letter is re-driven once unless --force; a truncated letter's original is read back from its source
     topic while it is retained. Exits 1 when a letter was refused or its publish failed."""
-    from rich.markup import escape
 
-    from streams.config import Settings
-    from streams.dlq import DeadLetters, RedriveResult
+    from agentstream.streams.config import Settings
+    from agentstream.streams.dlq import DeadLetters, RedriveResult
 
     if bool(offsets) == every:
         err.print("[red]error:[/red] name the letters' offsets, or --all (not both)")
@@ -481,15 +487,41 @@ def dlq_redrive(
     raise typer.Exit(0 if all(r.ok for r in results) else 1)
 
 
-def run_async(coro) -> object:
-    """Run a coroutine on uvloop (faster on the hot path) unless AGENTSTREAM_UVLOOP=0."""
+contract = typer.Typer(help="The contract for other languages: topics, keys, events, headers (docs/contract.md).",
+                       no_args_is_help=True)
+app.add_typer(contract, name="contract")
+
+
+@contract.command("asyncapi")
+def contract_asyncapi(
+    out: str = typer.Option(None, "--out", help="Write the document to this file instead of printing it."),
+) -> None:
+    """The AsyncAPI 3.0 document of agentstream's topics, built from the code (JSON; docs/asyncapi.json is
+    the committed copy: regenerate it with --out docs/asyncapi.json after changing topics or schemas)."""
+    from pathlib import Path
+
+    from agentstream.streams.asyncapi import build_document, render
+
+    text = render(build_document())
+    if out is None:
+        sys.stdout.write(text)
+        return
+    Path(out).write_text(text)
+    err.print(f"wrote {out}")
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop (faster on the hot path) unless AGENTSTREAM_UVLOOP=0 or it is not
+    installed (it comes with the [worker] extra; a client's commands run as well on asyncio's loop)."""
     import asyncio
 
-    from streams.config import uvloop_enabled
+    from agentstream.streams.config import uvloop_enabled
 
     if uvloop_enabled():
-        import uvloop
-
+        try:
+            import uvloop
+        except ModuleNotFoundError:
+            return asyncio.run(coro)
         return uvloop.run(coro)
     return asyncio.run(coro)
 
@@ -503,7 +535,13 @@ def main() -> None:
     try:
         app()
     except AgentStreamError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # a command whose extra is not installed: say which one
+        missing = missing_extra(exc, f"agentstream {' '.join(sys.argv[1:3])}".strip())
+        if missing is None:
+            raise
+        err.print(f"[red]error:[/red] {escape(str(missing))}", soft_wrap=True)
         sys.exit(2)
 
 

@@ -3,7 +3,7 @@
 A ``ReplaySession`` is a pipeline of its own: topics under a fresh prefix (``replay.<id>.``, created from
 the catalogue, deleted at the end unless kept), consumer groups under it, and in-process workers:
 
-- the real planner (``services.planner``) — the code under test;
+- the real planner (``agentstream.services.planner``) — the code under test;
 - ``recorded``: the responder (``services/replay/responder.py``) answers every model, tool and retrieval
   request from the original run's record: deterministic, no model, no tool side effects;
 - ``fork``: the responder answers steps before N from the record and hands steps from N on to the
@@ -31,18 +31,18 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.replay.responder import LiveHandlers, Recording, Responder, parse_step
-from services.worker import SERVICES, Worker, WorkerOptions, make_backend
-from streams import tracing
-from streams.client import AgentClient
-from streams.config import Settings
-from streams.errors import AgentStreamError
-from streams.events import TaskSubmitted, new_run_id
-from streams.outcomes import RunResult
-from streams.replay import timeline
-from streams.replay.diff import RunDiff, WindowReport, diff_runs, window_report
-from streams.tool_catalog import copy_catalogue
-from streams.topics import Topics, ensure_topics
+from agentstream.services.replay.responder import LiveHandlers, Recording, Responder, parse_step
+from agentstream.services.worker import SERVICES, Worker, WorkerOptions, make_backend
+from agentstream.streams import tracing
+from agentstream.streams.client import AgentClient
+from agentstream.streams.config import Settings
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.events import TaskSubmitted, new_run_id
+from agentstream.streams.outcomes import RunResult
+from agentstream.streams.replay import timeline
+from agentstream.streams.replay.diff import RunDiff, WindowReport, diff_runs, window_report
+from agentstream.streams.tool_catalog import copy_catalogue
+from agentstream.streams.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
 MODES = ("recorded", "live", "fork")
@@ -161,6 +161,7 @@ class ReplaySession:
                                for n in names))
         # And the planner's tool catalogue is loaded, and its writer connections plan the history function
         # now (an empty batch writes nothing).
+        assert worker.planner is not None  # every mode runs a planner
         await worker.planner.tools.refresh()
         writer = worker.planner.store.writer
         await asyncio.gather(*(writer.fetchval("SELECT agentstream_record_transitions($1::jsonb)", "{}")
@@ -169,10 +170,10 @@ class ReplaySession:
     async def _live_handlers(self, worker: Worker) -> LiveHandlers:
         """The real services' handlers, for the steps a fork computes live (they publish on the
         session's topics through the responder's context)."""
-        from services.inference.service import InferenceService
-        from services.retrieval.service import RetrievalService
-        from services.tools.builtin import tools_for
-        from services.tools.service import ToolService
+        from agentstream.services.inference.service import InferenceService
+        from agentstream.services.retrieval.service import RetrievalService
+        from agentstream.services.tools.builtin import tools_for
+        from agentstream.services.tools.service import ToolService
 
         assert worker.pool is not None
         backend = make_backend(self.options.backend, **self.options.backend_options)
@@ -349,7 +350,7 @@ async def window(settings: Settings, since: datetime, until: datetime, *, mode: 
                  concurrency: int = 8, keep_topics: bool = False, timeout: float = 300.0) -> WindowResult:
     """Re-run every finished task submitted in [since, until) that is not itself a replay, in one
     session, ``concurrency`` at a time, and collect the comparisons."""
-    from streams import db
+    from agentstream.streams import db
 
     conn = await db.connect(settings.database_url)
     try:

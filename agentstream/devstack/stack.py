@@ -1,7 +1,7 @@
 """``agentstream dev up | down | status``: the local Kafka + PostgreSQL stack as one unit.
 
 The state file (``<state dir>/stack.json``) records the bootstrap servers, the ``DATABASE_URL``, the
-PIDs and directories; every other command reads it through ``streams.config.Settings``. A user's own
+PIDs and directories; every other command reads it through ``agentstream.streams.config.Settings``. A user's own
 cluster or database (``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL``) is used instead of the local one
 and never started or stopped by us.
 """
@@ -20,8 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from streams import migrations
-from streams.config import (
+from agentstream.devstack import process
+from agentstream.devstack.kafka import KafkaLauncher, metadata_ok
+from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
+from agentstream.streams import migrations
+from agentstream.streams.config import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
     DEFAULT_POSTGRES_PORT,
@@ -30,11 +33,8 @@ from streams.config import (
     dev_ports,
     read_state,
 )
-from streams.devstack import process
-from streams.devstack.kafka import KafkaLauncher, metadata_ok
-from streams.devstack.postgres import PostgresLauncher, default_work_dir
-from streams.errors import StackError
-from streams.topics import Topics, ensure_topics, wait_for_group_coordinator
+from agentstream.streams.errors import StackError
+from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coordinator
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class DevStack:
                                      "run `agentstream dev down` before choosing another port")
             kafka = self._kafka(kafka_port, kafka_port + 1)
             postgres = self._postgres(pg_port)
-            to_start = {}
+            to_start: dict[str, Callable[[], process.ProcessRef]] = {}
             if not settings.external_kafka and not before.kafka_running:
                 kafka.preflight()
                 to_start["kafka"] = kafka.start

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams.tool_catalog import ToolInfo
+from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.tool_catalog import ToolInfo
 
 MAX_ANSWER_CHARS = 2000
 MAX_QUERY_CHARS = 300
@@ -37,7 +38,7 @@ def action_schema(tools: list[ToolInfo]) -> dict[str, Any]:
     return {"anyOf": branches}
 
 
-class ActionError(ValueError):
+class ActionError(AgentStreamError, ValueError):
     """The reply is not a usable action; the message is shown to the model."""
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams import db
-from streams.config import Settings
-from streams.topics import TopicSpec, ensure_topics
+from agentstream.streams import db
+from agentstream.streams.config import Settings
+from agentstream.streams.topics import TopicSpec, ensure_topics
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ async def run_check(settings: Settings) -> list[CheckStep]:
             await consumer.commit()
         finally:
             await consumer.stop()
-        steps.append(CheckStep("consume + commit", f"{msg.key.decode()} -> {msg.value.decode()}", _ms(t0)))
+        key, value = (msg.key or b"").decode(), (msg.value or b"").decode()  # both set: produced above
+        steps.append(CheckStep("consume + commit", f"{key} -> {value}", _ms(t0)))
     finally:
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
         await admin.start()

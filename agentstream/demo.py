@@ -12,21 +12,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from services.worker import WorkerOptions
-from streams.config import Settings
-from streams.testing import Pipeline
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams import resources
+from agentstream.streams.config import Settings
+from agentstream.testing import Pipeline
 
 SAMPLE_TASK = "What is 17 * 23?"
 #: Ingested before the task (idempotent: re-running the demo adds nothing), so the planner's retrieval
 #: prefetch finds passages instead of an empty collection.
-SAMPLE_NOTES = Path(__file__).parent / "retrieval" / "data" / "demo-notes.md"
+SAMPLE_NOTES = resources.package_path("services", "retrieval", "data", "demo-notes.md")
 
 
 def pick_backend(requested: str | None) -> str:
@@ -35,7 +36,7 @@ def pick_backend(requested: str | None) -> str:
     try:
         import xllamacpp  # noqa: F401
 
-        from services.inference.backends.llamacpp import default_model_path
+        from agentstream.services.inference.backends.llamacpp import default_model_path
 
         default_model_path()
         return "llamacpp"
@@ -58,7 +59,7 @@ async def run_demo(task: str, backend: str, console: Console, timeout: float = 1
         shown: set[int] = set()
         while True:
             finished = waiter.done()  # before reading the steps, so the last ones are printed too
-            status = await pipe.client.status(run_id) or {"steps": []}
+            status: Mapping[str, Any] = await pipe.client.status(run_id) or {"steps": []}
             for step in status["steps"]:
                 if (finished or step["status"] != "requested") and step["step_index"] not in shown:
                     shown.add(step["step_index"])
@@ -78,8 +79,8 @@ async def run_demo(task: str, backend: str, console: Console, timeout: float = 1
 
 
 async def _ingest_notes(pipe: Pipeline, console: Console) -> None:
-    from services.retrieval.embeddings import Embedder
-    from services.retrieval.ingest import ingest
+    from agentstream.services.retrieval.embeddings import Embedder
+    from agentstream.services.retrieval.ingest import ingest
 
     assert pipe.worker.pool is not None
     stats = await ingest(pipe.worker.pool, Embedder(), [SAMPLE_NOTES])  # the retrieval worker's model
@@ -91,7 +92,7 @@ def _options(backend: str) -> dict[str, Any]:
     return {"slots": 2} if backend == "llamacpp" else {}
 
 
-def _describe(step: dict[str, Any]) -> str:
+def _describe(step: Mapping[str, Any]) -> str:
     took = ("" if step["completed_at"] is None
             else f"{(step['completed_at'] - step['requested_at']).total_seconds() * 1000:.0f} ms · ")
     result = step["result"] or {}
@@ -112,7 +113,7 @@ def _describe(step: dict[str, Any]) -> str:
     return f"  step {step['step_index']}  {escape(what)}   [dim]{took}{detail}[/dim]"
 
 
-def _timeline(events: list[dict[str, Any]]) -> Table:
+def _timeline(events: Sequence[Mapping[str, Any]]) -> Table:
     table = Table("event", "topic", "partition@offset", "hop ms", "consumed by", title="every step is an event")
     for e in events:
         hop = ""

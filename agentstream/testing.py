@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from services.worker import SERVICES, Worker, WorkerOptions
-from streams.client import AgentClient
-from streams.codec import codec_for
-from streams.config import Settings
-from streams.events import Event
+from agentstream.services.worker import SERVICES, Worker, WorkerOptions
+from agentstream.streams.client import AgentClient
+from agentstream.streams.codec import codec_for
+from agentstream.streams.config import Settings
+from agentstream.streams.events import Event
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""agentstream: AI agents as event streams on Apache Kafka.
+
+This module is the public API: what it exports (``__all__``) is what users build on, and a test pins
+the list. Everything else (``agentstream.streams``: the backbone; ``agentstream.services``: the consumer
+services; the CLI, dev stack and replay orchestration) may change between releases.
+
+Names are imported on first use (PEP 562), so ``import agentstream`` is cheap and a client installed
+without extras never imports a worker's dependencies. A name whose part needs an extra that is not
+installed raises ``MissingExtra`` naming it (``pip install 'agentstream[worker]'``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("agentstream")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    # the client and what it returns
+    "AgentClient": "agentstream.streams.client",
+    "TokenEvent": "agentstream.streams.client",
+    "RunResult": "agentstream.streams.outcomes",
+    "Settings": "agentstream.streams.config",
+    # events, as they travel on the topics
+    "Event": "agentstream.streams.events",
+    "EVENT_TYPES": "agentstream.streams.events",
+    "Message": "agentstream.streams.events",
+    "TaskSubmitted": "agentstream.streams.events",
+    "TokenChunk": "agentstream.streams.events",
+    "RunCompleted": "agentstream.streams.events",
+    "RunFailed": "agentstream.streams.events",
+    "new_run_id": "agentstream.streams.events",
+    "Codec": "agentstream.streams.codec",
+    "codec_for": "agentstream.streams.codec",
+    # writing tools ([worker])
+    "tool": "agentstream.services.tools.registry",
+    "ToolContext": "agentstream.services.tools.registry",
+    # testing a pipeline in-process ([worker])
+    "Pipeline": "agentstream.testing",
+    # errors: one root, AgentStreamError
+    "AgentStreamError": "agentstream.streams.errors",
+    "ConfigError": "agentstream.streams.errors",
+    "StackError": "agentstream.streams.errors",
+    "MigrationError": "agentstream.streams.errors",
+    "Unavailable": "agentstream.streams.errors",
+    "MissingExtra": "agentstream.streams.extras",
+    "TaskRejected": "agentstream.streams.client",
+    "DecodeError": "agentstream.streams.codec",
+    "UnknownSchema": "agentstream.streams.registry",
+    "EventTooLarge": "agentstream.streams.claims",
+    "ClaimMissing": "agentstream.streams.claims",
+    "TopicsMissing": "agentstream.streams.topics",
+    "TopicMismatch": "agentstream.streams.topics",
+    "ToolCatalogUnavailable": "agentstream.streams.tool_catalog",
+    "DeadLetterError": "agentstream.streams.dlq",
+    "ToolError": "agentstream.services.tools.registry",
+    "ToolArgumentError": "agentstream.services.tools.registry",
+    "BackendError": "agentstream.services.inference.backends.base",
+    "ReplayError": "agentstream.replay.rerun",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentstream' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        from agentstream.streams.extras import missing_extra
+
+        missing = missing_extra(exc, f"agentstream.{name}")
+        if missing is None:
+            raise
+        raise missing from exc
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same at run time
+    from agentstream.replay.rerun import ReplayError
+    from agentstream.services.inference.backends.base import BackendError
+    from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, tool
+    from agentstream.streams.claims import ClaimMissing, EventTooLarge
+    from agentstream.streams.client import AgentClient, TaskRejected, TokenEvent
+    from agentstream.streams.codec import Codec, DecodeError, codec_for
+    from agentstream.streams.config import Settings
+    from agentstream.streams.dlq import DeadLetterError
+    from agentstream.streams.errors import (
+        AgentStreamError,
+        ConfigError,
+        MigrationError,
+        StackError,
+        Unavailable,
+    )
+    from agentstream.streams.events import (
+        EVENT_TYPES,
+        Event,
+        Message,
+        RunCompleted,
+        RunFailed,
+        TaskSubmitted,
+        TokenChunk,
+        new_run_id,
+    )
+    from agentstream.streams.extras import MissingExtra
+    from agentstream.streams.outcomes import RunResult
+    from agentstream.streams.registry import UnknownSchema
+    from agentstream.streams.tool_catalog import ToolCatalogUnavailable
+    from agentstream.streams.topics import TopicMismatch, TopicsMissing
+    from agentstream.testing import Pipeline

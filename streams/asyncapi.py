@@ -1,0 +1,341 @@
+"""The topics as an AsyncAPI 3.0 document, built from the code's own definitions.
+
+What comes from the code: the topics, their partitions, replicas and configs (``Topics.specs``), the
+consumer groups (``Topics.group``), the events (``EVENT_TYPES`` and the current ``schemas/*.avsc``,
+inlined as Avro payloads), the schema ids of the local registry (``LocalRegistry``), and the header
+names (the constants of the modules that write them). What is declared here, next to them: which events
+each topic carries and which parts of agentstream produce and consume it (``CHANNELS``; a unit test checks
+that it covers every topic of the catalogue and every event type).
+
+``agentstream contract asyncapi --out docs/asyncapi.json`` writes it; ``tests/unit/test_contract.py``
+fails when the committed document differs from what this module builds. It is JSON (a YAML document
+too): PyYAML is not among agentstream's dependencies. docs/contract.md explains the contract in prose.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from agentstream.streams import tracing
+from agentstream.streams.config import DEFAULT_KAFKA_PORT
+from agentstream.streams.dlq import REDRIVE_HEADER
+from agentstream.streams.events import (
+    AlertRaised,
+    ApprovalDecided,
+    ClaimCheck,
+    DeadLetter,
+    Event,
+    InferenceCompleted,
+    InferenceRequested,
+    RetrievalCompleted,
+    RetrievalRequested,
+    RunCancelRequested,
+    RunCompleted,
+    RunFailed,
+    RunStateSnapshot,
+    TaskSubmitted,
+    TokenChunk,
+    ToolCallCompleted,
+    ToolCallRequested,
+    ToolRegistered,
+)
+from agentstream.streams.registry import LocalRegistry, schema_id
+from agentstream.streams.runtime import ROUTED_HEADER, SOURCE_HEADER, TYPE_HEADER
+from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER
+from agentstream.streams.topics import Topics
+
+ASYNCAPI_VERSION = "3.0.0"
+AVRO_SCHEMA_FORMAT = "application/vnd.apache.avro+json;version=1.9.0"
+KAFKA_BINDING_VERSION = "0.5.0"
+#: The committed document, relative to the repository's root.
+DOCUMENT_PATH = "docs/asyncapi.json"
+
+RUN_KEY = "the run id, as raw UTF-8 bytes (no schema, no serializer framing)"
+
+#: The parts of agentstream (and the outside) that produce or consume topics.
+PARTIES: dict[str, str] = {
+    "client": "AgentClient and the `agentstream` CLI (submit, cancel, approve/deny, wait, stream)",
+    "planner": "the planner service (group `agentstream.planner`)",
+    "inference": "the inference service (group `agentstream.inference`)",
+    "tools": "the tool service (group `agentstream.tools`)",
+    "retrieval": "the retrieval service (group `agentstream.retrieval`)",
+    "replay": "`agentstream replay`: the re-run submits the task, and the recorded-results responder (groups "
+              "`agentstream.replay-{inference,tools,retrieval}`) answers requests, on the replay's own topic prefix",
+    "alerts": "the alerting app (services/alerts, faust-streaming)",
+    "dlq-cli": "`agentstream dlq` (list, show, re-drive)",
+    "foreign": "producers in other languages (Java, Go, Node, confluent-kafka, kcat): docs/contract.md",
+}
+#: Parties that consume through a consumer group named ``Topics.group(party)``.
+GROUPED = ("planner", "inference", "tools", "retrieval")
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """One topic: ``topic`` is the ``Topics`` property that names it."""
+
+    topic: str
+    events: tuple[type[Event], ...]
+    producers: tuple[str, ...]
+    consumers: tuple[str, ...]
+    description: str
+    key: str = RUN_KEY
+    #: Events over ``AGENTSTREAM_MAX_EVENT_BYTES`` may travel as a ClaimCheck (streams/claims.py): on the
+    #: topics whose events can grow (conversations, results) and whose readers redeem them.
+    claim_checks: bool = True
+    #: Sent while handling a record (``Context.emit``), so its events carry ``agentstream-source``.
+    emitted: bool = True
+    #: A record on another partition than its run's, or not keyed by its run id, is forwarded there
+    #: (``ServiceConfig.route_by_run``).
+    routed: bool = False
+    #: Read by a ServiceRunner, so a dead letter can be re-driven to it (``agentstream dlq redrive``).
+    redrivable: bool = False
+
+
+CHANNELS: tuple[ChannelSpec, ...] = (
+    ChannelSpec("tasks", (TaskSubmitted, RunCancelRequested, ApprovalDecided),
+                ("client", "replay", "foreign"), ("planner",),
+                "The intake: tasks, cancellations and approval decisions, keyed by run. The one topic other "
+                "producers write to.", claim_checks=False, emitted=False, routed=True, redrivable=True),
+    ChannelSpec("inference_requests", (InferenceRequested,), ("planner",), ("inference", "replay"),
+                "Model calls the planner asks for.", redrivable=True),
+    ChannelSpec("inference_results", (InferenceCompleted,), ("inference", "replay"), ("planner", "alerts"),
+                "Model replies.", routed=True, redrivable=True),
+    ChannelSpec("tokens", (TokenChunk,), ("inference",), ("client",),
+                "Generated text as it is made (AgentClient.stream).", claim_checks=False),
+    ChannelSpec("retrieval_requests", (RetrievalRequested,), ("planner", "tools"), ("retrieval", "replay"),
+                "Searches: a run's retrieval steps, its speculative prefetch (`{run_id}:prefetch`) and "
+                "tools' own searches (`{tool step}/retrieve`).", redrivable=True),
+    ChannelSpec("retrieval_results", (RetrievalCompleted,), ("retrieval", "replay"), ("planner", "tools"),
+                "Passages found.", routed=True, redrivable=True),
+    ChannelSpec("tool_requests", (ToolCallRequested,), ("planner",), ("tools", "replay"),
+                "Tool calls the model asked for (after approval when the tool needs it).", redrivable=True),
+    ChannelSpec("tool_results", (ToolCallCompleted,), ("tools", "replay"), ("planner", "alerts"),
+                "Tool results and errors.", routed=True, redrivable=True),
+    ChannelSpec("runs", (RunStateSnapshot,), ("planner",), (),
+                "The latest state of every run (compacted), for anyone to read."),
+    ChannelSpec("outcomes", (RunCompleted, RunFailed), ("planner",), ("client", "inference"),
+                "How each run ended: what clients wait for (the inference service stops generations of runs "
+                "that ended).", claim_checks=False),
+    ChannelSpec("dlq", (DeadLetter,), ("planner", "inference", "tools", "retrieval", "replay"), ("dlq-cli",),
+                "Records a service gave up on, with the reason (docs/operations.md, \"Dead letters\").",
+                key="the run id when it is known, else empty (raw UTF-8)", claim_checks=False, emitted=False),
+    ChannelSpec("alerts", (AlertRaised,), ("alerts",), (),
+                "Thresholds crossed: slow steps, tool failure rates, consumer lag.",
+                key="the alert's subject (a tool, a model, `group/topic`), raw UTF-8", claim_checks=False,
+                emitted=False),
+    ChannelSpec("tools", (ToolRegistered,), ("tools",), ("client", "planner"),
+                "The tools workers serve (compacted: the latest registration of each), read whole by submit and "
+                "the planner.", key="the tool's name, raw UTF-8", claim_checks=False, emitted=False),
+)
+
+#: Every header agentstream writes. None is required: a record is decoded from its value alone (the
+#: schema id names the event type), and each header's absence has the effect described.
+HEADERS: dict[str, str] = {
+    tracing.HEADER: "W3C trace context (`00-{trace id}-{span id}-{flags}`). Optional: without it the event "
+                    "starts a new trace. agentstream writes it on every event it sends.",
+    TYPE_HEADER: "The event type's simple name (`TaskSubmitted`). Informational: written on every event "
+                 "agentstream sends, never read (the type follows from the schema id).",
+    SOURCE_HEADER: "`topic:partition:offset:appended_ms:consumed_us` of the record whose handling emitted this "
+                   "event. Optional: on a result, it lets the planner record when its request was sent and "
+                   "picked up (history and replay timings); without it those stay empty.",
+    PROMPT_TOKENS_HEADER: "On InferenceRequested: its estimated prompt tokens (ASCII decimal), the backlog "
+                          "signal for autoscaling. Optional: without it the estimate is the value's size / 4.",
+    ROUTED_HEADER: "`topic:partition:offset` of the record this one is a copy of: set by the planner when it "
+                   "forwarded a record that was on another partition than its run's, or not keyed by its run id.",
+    REDRIVE_HEADER: "`dlq topic:partition:offset` of the dead letter this record was re-driven from "
+                    "(`agentstream dlq redrive`).",
+}
+
+
+def _message_headers(spec: ChannelSpec, event: type[Event]) -> dict[str, Any]:
+    names = [tracing.HEADER, TYPE_HEADER]
+    if spec.emitted:
+        names.append(SOURCE_HEADER)
+    if event is InferenceRequested:
+        names.append(PROMPT_TOKENS_HEADER)
+    if spec.routed:
+        names.append(ROUTED_HEADER)
+    if spec.redrivable:
+        names.append(REDRIVE_HEADER)
+    return {"type": "object",
+            "description": "Kafka record headers (UTF-8 values). None is required.",
+            "properties": {name: {"type": "string", "description": HEADERS[name]} for name in names}}
+
+
+def _message_id(spec: ChannelSpec, event: type[Event]) -> str:
+    """Each event type is on one topic, but a ClaimCheck on several (one message each: headers differ)."""
+    return f"{type_name(event)}.{spec.topic}" if event is ClaimCheck else type_name(event)
+
+
+def type_name(event: type[Event]) -> str:
+    return event.schema_name.rsplit(".", 1)[-1]
+
+
+def _message(spec: ChannelSpec, event: type[Event], registry: LocalRegistry) -> dict[str, Any]:
+    name = type_name(event)
+    raw = registry.raw_current()[event.schema_name]
+    doc = raw.get("doc", "")
+    if event is ClaimCheck:
+        doc = ("Stands in for an event whose encoding is over AGENTSTREAM_MAX_EVENT_BYTES: its body is in "
+               "PostgreSQL (`event_payloads`, by SHA-256 digest); agentstream consumers read it back.")
+    return {
+        "name": name,
+        "title": name,
+        "summary": doc,
+        "contentType": "application/octet-stream",
+        "correlationId": {"description": "Every event of a run carries its run id.",
+                          "location": "$message.payload#/run_id"},
+        "headers": _message_headers(spec, event),
+        "payload": {"schemaFormat": AVRO_SCHEMA_FORMAT, "schema": raw},
+        "bindings": {"kafka": {
+            "key": {"type": "string", "description": spec.key},
+            "schemaIdLocation": "payload",
+            "schemaIdPayloadEncoding": "confluent",
+            "schemaLookupStrategy": "RecordNameStrategy",
+            "bindingVersion": KAFKA_BINDING_VERSION,
+        }},
+        "x-agentstream-subject": event.schema_name,
+        "x-agentstream-schema-id": registry.id_for(event.schema_name),
+    }
+
+
+def _topic_configuration(configs: dict[str, str]) -> dict[str, Any]:
+    """The configs the Kafka binding has fields for (the others are in ``x-agentstream-topic-configs``)."""
+    out: dict[str, Any] = {}
+    if "cleanup.policy" in configs:
+        out["cleanup.policy"] = configs["cleanup.policy"].split(",")
+    for name in ("retention.ms", "delete.retention.ms"):
+        if name in configs:
+            out[name] = int(configs[name])
+    return out
+
+
+def _older_schemas(registry: LocalRegistry) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((registry.directory / "history").glob("*.avsc")):
+        raw = json.loads(path.read_text())
+        name = raw["name"] if "." in raw["name"] else f"{raw.get('namespace', '')}.{raw['name']}"
+        out.append({"file": f"schemas/history/{path.name}", "record": name, "schemaId": schema_id(raw)})
+    return out
+
+
+def _version() -> str:
+    try:
+        return metadata.version("agentstream")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+DESCRIPTION = """\
+AI agents as event streams on Apache Kafka: agentstream's topics, their events and who reads and writes \
+them. docs/contract.md says how to publish a task and read its outcome from Java, Go, Node, Python \
+(confluent-kafka) and kcat.
+
+- **Key**: the run id, raw UTF-8 (the tools topic: the tool's name).
+- **Partition**: Kafka's default partitioner, `(murmur2(key) & 0x7fffffff) % partitions` (Java's default; \
+librdkafka clients need `partitioner=murmur2_random`). The planner forwards a record of its input topics that \
+is on another partition, or not keyed by its run id, to the right one, so another partitioner costs one hop.
+- **Value**: the Confluent wire format: byte 0x00, the schema id (4 bytes, big-endian), the Avro binary \
+encoding of the event with that schema.
+- **Schema ids**: with a Confluent-compatible registry (AGENTSTREAM_SCHEMA_REGISTRY_URL; Apicurio: \
+`…/apis/ccompat/v7`), subjects are the records' full names (RecordNameStrategy, e.g. \
+`io.agentstream.events.TaskSubmitted`); without one, a schema's id is the first 4 bytes of the SHA-256 of its \
+Avro Parsing Canonical Form, big-endian, with the top bit cleared (`x-agentstream-schema-id` on each message).
+- **Headers**: none is required.
+- **Ids**: `event_id` any non-empty string of at most 200 characters (agentstream writes UUIDs); `step_id` of a \
+task `{run_id}:task`.
+- **Topic names** take the prefix AGENTSTREAM_TOPIC_PREFIX (default empty), consumer groups too \
+(`{prefix}agentstream.planner`). Partitions: AGENTSTREAM_PARTITIONS (default 8) for every run-keyed topic."""
+
+
+def build_document(topics: Topics | None = None, registry: LocalRegistry | None = None) -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of ``topics`` (default: unprefixed, the default partition count)."""
+    topics = topics or Topics()
+    registry = registry or LocalRegistry()
+    specs = {s.name: s for s in topics.specs()}
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for spec in CHANNELS:
+        name: str = getattr(topics, spec.topic)
+        topic = specs[name]
+        events = (*spec.events, ClaimCheck) if spec.claim_checks else spec.events
+        refs: dict[str, Any] = {}
+        for event in events:
+            mid = _message_id(spec, event)
+            messages[mid] = _message(spec, event, registry)
+            refs[mid] = {"$ref": f"#/components/messages/{mid}"}
+        produced = ", ".join(spec.producers) or "nobody"
+        consumed = ", ".join(spec.consumers) or "no agentstream service (for anyone to read)"
+        channels[spec.topic] = {
+            "address": name,
+            "title": name,
+            "description": f"{spec.description} Key: {spec.key}. Produced by: {produced}. Consumed by: {consumed}.",
+            "messages": refs,
+            "bindings": {"kafka": {
+                "partitions": topic.partitions,
+                "replicas": topic.replication_factor,
+                "topicConfiguration": _topic_configuration(dict(topic.configs)),
+                "bindingVersion": KAFKA_BINDING_VERSION,
+            }},
+            "x-agentstream-topic-configs": dict(topic.configs),
+            "x-agentstream-producers": list(spec.producers),
+            "x-agentstream-consumers": list(spec.consumers),
+            "x-agentstream-forwarded-to-run-partition": spec.routed,
+        }
+        for action, parties in (("send", spec.producers), ("receive", spec.consumers)):
+            for party in parties:
+                operation: dict[str, Any] = {
+                    "action": action,
+                    "channel": {"$ref": f"#/channels/{spec.topic}"},
+                    "title": f"{party} {action}s {name}",
+                    "description": PARTIES[party],
+                    "messages": [{"$ref": f"#/channels/{spec.topic}/messages/{mid}"} for mid in refs],
+                }
+                if action == "receive" and party in GROUPED:
+                    operation["bindings"] = {"kafka": {
+                        "groupId": {"type": "string", "enum": [topics.group(party)]},
+                        "bindingVersion": KAFKA_BINDING_VERSION,
+                    }}
+                operations[f"{party}.{action}.{spec.topic}"] = operation
+    return {
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": {
+            "title": "agentstream",
+            "version": _version(),
+            "description": DESCRIPTION,
+            "license": {"name": "Apache-2.0"},
+        },
+        "defaultContentType": "application/octet-stream",
+        "servers": {
+            "dev": {
+                "host": f"127.0.0.1:{DEFAULT_KAFKA_PORT}",
+                "protocol": "kafka",
+                "description": "The local development broker (`agentstream dev up`); no schema registry.",
+            },
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages},
+        "x-agentstream-older-schemas": _older_schemas(registry),
+    }
+
+
+def render(document: dict[str, Any]) -> str:
+    """The document as committed: indented JSON, non-ASCII kept, a final newline."""
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def covered_event_types() -> set[str]:
+    """The record names the channels carry (a test checks this is every event type)."""
+    names = {e.schema_name for spec in CHANNELS for e in spec.events}
+    if any(spec.claim_checks for spec in CHANNELS):
+        names.add(ClaimCheck.schema_name)
+    return names
+
+
+__all__ = ["AVRO_SCHEMA_FORMAT", "CHANNELS", "DOCUMENT_PATH", "HEADERS", "ChannelSpec", "build_document",
+           "covered_event_types", "render"]

@@ -1,0 +1,60 @@
+"""The closed sets of strings that agentstream's events, tables and reports carry, as types.
+
+They are ``Literal`` types, not enums: the values are the very strings that travel in Avro
+(``RunStateSnapshot.status``), in PostgreSQL (``runs.status``, ``steps.kind``) and in JSON, so nothing
+on the wire changes, a value read back is already of its type, and code that compares with or passes a
+string literal keeps working. The tuples beside them hold the same values for checks at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypeAlias, TypeVar, get_args
+
+T = TypeVar("T", bound=str)
+
+#: A run's status (``runs.status``, ``RunStateSnapshot.status``): ``running`` while a step is pending,
+#: ``awaiting_approval`` while a tool call waits for a person (no worker holds the run), then one of
+#: the two terminal ones. A cancelled run is ``failed`` with error code ``cancelled``.
+RunStatus: TypeAlias = Literal["running", "awaiting_approval", "completed", "failed"]
+#: How a run ended (``RunResult.status``; the terminal run statuses).
+RunOutcome: TypeAlias = Literal["completed", "failed"]
+RUN_STATUSES: Final[tuple[RunStatus, ...]] = get_args(RunStatus)
+TERMINAL_STATUSES: Final[tuple[RunOutcome, ...]] = get_args(RunOutcome)
+
+#: What a run's pending step waits for (``RunStateSnapshot.pending_kind``).
+PendingKind: TypeAlias = Literal["model", "tool", "retrieval"]
+#: A row of ``steps``: a pending step's kind, or ``prefetch`` (the retrieval started with the task).
+StepKind: TypeAlias = Literal["model", "tool", "retrieval", "prefetch"]
+#: A step's status (``steps.status``): ``requested`` until its result is recorded.
+StepStatus: TypeAlias = Literal["requested", "completed", "failed"]
+#: How a step ended (``StepResult.status``).
+StepOutcome: TypeAlias = Literal["completed", "failed"]
+
+#: What the planner does when a tool fails after its last retry (``TaskSubmitted.on_tool_error``).
+OnToolError: TypeAlias = Literal["tell_model", "fail_run"]
+ON_TOOL_ERROR: Final[tuple[OnToolError, ...]] = get_args(OnToolError)
+
+#: Why a record could not become an event (``DecodeError.kind``; a dead letter's ``error_kind``).
+DecodeErrorKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid"]
+#: Why the runtime dead-lettered a record (``DeadLetter.error_kind``, schemas/DeadLetter.avsc).
+DeadLetterKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid", "handler_error", "retries_exhausted"]
+
+#: What a model's reply asks for (``streams/actions.py``).
+ActionKind: TypeAlias = Literal["tool", "retrieve", "final_answer"]
+
+#: Where spans go (``AGENTSTREAM_TRACING``).
+TracingMode: TypeAlias = Literal["off", "file", "otlp"]
+TRACING_MODES: Final[tuple[TracingMode, ...]] = get_args(TracingMode)
+
+
+def one_of(value: object, members: tuple[T, ...]) -> T | None:
+    """The member of ``members`` equal to ``value`` (a string read from outside, typed as the set it
+    belongs to), or None when it is not one of them."""
+    for member in members:
+        if member == value:
+            return member
+    return None
+
+__all__ = ["ON_TOOL_ERROR", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind",
+           "DeadLetterKind", "DecodeErrorKind", "OnToolError", "PendingKind", "RunOutcome", "RunStatus",
+           "StepKind", "StepOutcome", "StepStatus", "TracingMode", "one_of"]

@@ -1,0 +1,3 @@
+class RecordsToDelete:
+    before_offset: int
+    def __init__(self, before_offset: int) -> None: ...

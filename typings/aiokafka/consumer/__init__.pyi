@@ -1,0 +1,1 @@
+from aiokafka.consumer.consumer import AIOKafkaConsumer as AIOKafkaConsumer

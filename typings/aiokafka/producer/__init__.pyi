@@ -1,0 +1,1 @@
+from aiokafka.producer.producer import AIOKafkaProducer as AIOKafkaProducer
