@@ -26,6 +26,11 @@ _EXPORTS: dict[str, str] = {
     "AgentClient": "agentstream.streams.client",
     "TokenEvent": "agentstream.streams.client",
     "RunResult": "agentstream.streams.outcomes",
+    "RunDetails": "agentstream.streams.client",
+    "StepDetails": "agentstream.streams.client",
+    "RecordedEvent": "agentstream.streams.client",
+    "RunStatus": "agentstream.streams.kinds",
+    "StepKind": "agentstream.streams.kinds",
     "Settings": "agentstream.streams.config",
     # events, as they travel on the topics
     "Event": "agentstream.streams.events",
@@ -65,7 +70,51 @@ _EXPORTS: dict[str, str] = {
     "ReplayError": "agentstream.replay.rerun",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+#: The public API, written out (type checkers and linters read it); a test checks it matches _EXPORTS.
+__all__ = [
+    "EVENT_TYPES",
+    "AgentClient",
+    "AgentStreamError",
+    "BackendError",
+    "ClaimMissing",
+    "Codec",
+    "ConfigError",
+    "DeadLetterError",
+    "DecodeError",
+    "Event",
+    "EventTooLarge",
+    "Message",
+    "MigrationError",
+    "MissingExtra",
+    "Pipeline",
+    "RecordedEvent",
+    "ReplayError",
+    "RunCompleted",
+    "RunDetails",
+    "RunFailed",
+    "RunResult",
+    "RunStatus",
+    "Settings",
+    "StackError",
+    "StepDetails",
+    "StepKind",
+    "TaskRejected",
+    "TaskSubmitted",
+    "TokenChunk",
+    "TokenEvent",
+    "ToolArgumentError",
+    "ToolCatalogUnavailable",
+    "ToolContext",
+    "ToolError",
+    "TopicMismatch",
+    "TopicsMissing",
+    "Unavailable",
+    "UnknownSchema",
+    "__version__",
+    "codec_for",
+    "new_run_id",
+    "tool",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -94,7 +143,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
     from agentstream.services.inference.backends.base import BackendError
     from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, tool
     from agentstream.streams.claims import ClaimMissing, EventTooLarge
-    from agentstream.streams.client import AgentClient, TaskRejected, TokenEvent
+    from agentstream.streams.client import (
+        AgentClient,
+        RecordedEvent,
+        RunDetails,
+        StepDetails,
+        TaskRejected,
+        TokenEvent,
+    )
     from agentstream.streams.codec import Codec, DecodeError, codec_for
     from agentstream.streams.config import Settings
     from agentstream.streams.dlq import DeadLetterError
@@ -116,6 +172,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
         new_run_id,
     )
     from agentstream.streams.extras import MissingExtra
+    from agentstream.streams.kinds import RunStatus, StepKind
     from agentstream.streams.outcomes import RunResult
     from agentstream.streams.registry import UnknownSchema
     from agentstream.streams.tool_catalog import ToolCatalogUnavailable

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.kinds import ActionKind
 from agentstream.streams.tool_catalog import ToolInfo
 
 MAX_ANSWER_CHARS = 2000
@@ -44,7 +45,7 @@ class ActionError(AgentStreamError, ValueError):
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # "tool" | "retrieve" | "final_answer"
+    kind: ActionKind
     tool: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     query: str | None = None
@@ -72,8 +73,8 @@ def instructions(tools: list[ToolInfo], system_prompt: str | None = None) -> str
 
 def _example(tool: ToolInfo) -> dict[str, Any]:
     """Plausible example arguments from the tool's schema."""
-    samples = {"string": "12 * 3" if tool.name == "calculator" else "text", "integer": 1, "number": 1.5,
-               "boolean": True, "array": [], "object": {}}
+    samples: dict[str, Any] = {"string": "12 * 3" if tool.name == "calculator" else "text", "integer": 1,
+                               "number": 1.5, "boolean": True, "array": [], "object": {}}
     props = (tool.parameters or {}).get("properties", {})
     return {name: (spec.get("enum") or [samples.get(spec.get("type"), "value")])[0] for name, spec in props.items()}
 

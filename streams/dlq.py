@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import contextlib
 import hashlib
 import logging
@@ -30,7 +31,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -69,6 +70,12 @@ _LENGTH_PREFIX = 10
 #: Publishing a letter through an outage: capped exponential backoff with jitter.
 BACKOFF_S = 0.2
 MAX_BACKOFF_S = 10.0
+
+#: What a re-drive did with a letter (``RedriveResult.action``).
+RedriveAction: TypeAlias = Literal["redriven", "would_redrive", "skipped", "refused", "failed"]
+#: Where a re-driven record came from: the letter itself, or (truncated letters) the source topic
+#: (``dlq_redrives.value_from``, migration 0009).
+ValueFrom: TypeAlias = Literal["letter", "source"]
 
 
 class DeadLetterError(AgentStreamError):
@@ -271,11 +278,11 @@ class RedriveResult:
     re-driven), ``refused`` (cannot be: the message says why) or ``failed`` (the publish failed)."""
 
     offset: int
-    action: str
+    action: RedriveAction
     detail: str
     source: str | None = None
     target_offset: int | None = None
-    value_from: str | None = None
+    value_from: ValueFrom | None = None
 
     @property
     def ok(self) -> bool:
@@ -293,7 +300,7 @@ class _Original:
     value: bytes | None
     key: bytes | None
     headers: list[tuple[str, bytes]]
-    origin: str
+    origin: ValueFrom
 
 
 class DeadLetters:
@@ -358,7 +365,7 @@ class DeadLetters:
     # -- redrive -----------------------------------------------------------------------------------
     async def redrive(self, offsets: Sequence[int] = (), *, every: bool = False, kind: str | None = None,
                       source_topic: str | None = None, dry_run: bool = False,
-                      force: bool = False) -> list[RedriveResult]:
+                      force: bool = False) -> builtins.list[RedriveResult]:
         """Republish the original records of the letters at ``offsets`` (or, with ``every``, of all the
         letters matching ``kind`` / ``source_topic``) to their source topic and partition, each with its
         value, key and headers plus ``agentstream-redrive``. A letter already re-driven is skipped
@@ -368,7 +375,7 @@ class DeadLetters:
         if every:
             chosen = [s for s in await self.list(kind=kind, source_topic=source_topic) if s.letter is not None]
             return [await self._redrive_one(stored, dry_run=dry_run, force=force) for stored in chosen]
-        results: list[RedriveResult] = []
+        results: builtins.list[RedriveResult] = []
         for offset in offsets:
             try:
                 stored = await self._letter_at(offset)
@@ -474,7 +481,8 @@ class DeadLetters:
     async def _letter_at(self, offset: int) -> StoredLetter:
         return self._stored(await self._read_record(self.topic, 0, offset, what=f"letter {offset}"))
 
-    async def _read_record(self, topic: str, partition: int, offset: int, *, what: str) -> ConsumerRecord:
+    async def _read_record(self, topic: str, partition: int, offset: int, *,
+                           what: str) -> ConsumerRecord[bytes, bytes]:
         """The record at ``topic[partition]@offset``; ``DeadLetterError`` when it is not (or no longer) there."""
         tp = TopicPartition(topic, partition)
         where = f"{topic}[{partition}]@{offset}"
@@ -502,7 +510,7 @@ class DeadLetters:
                     raise gone
             raise DeadLetterError(f"{what}: reading {where} timed out after {self.read_timeout_s:g} s")
 
-    def _stored(self, msg: ConsumerRecord) -> StoredLetter:
+    def _stored(self, msg: ConsumerRecord[bytes, bytes]) -> StoredLetter:
         timestamp = datetime.fromtimestamp(msg.timestamp / 1000, UTC)
         try:
             event = self.codec.decode(msg.value)
@@ -528,7 +536,7 @@ class DeadLetters:
             raise DeadLetterError("this database has no dlq_redrives table yet: apply the migrations "
                                   "(`agentstream dev up`, or start a worker)") from None
 
-    async def _redrive_rows(self, stored: StoredLetter) -> list[dict[str, Any]]:
+    async def _redrive_rows(self, stored: StoredLetter) -> builtins.list[dict[str, Any]]:
         """The re-drives recorded for this letter, oldest first."""
         if stored.letter is None:
             return []
@@ -541,7 +549,7 @@ class DeadLetters:
                    ORDER BY id""", stored.topic, stored.partition, stored.offset, stored.letter.event_id)
         return [dict(r) for r in rows]
 
-    async def _redrive_counts(self, offsets: list[int]) -> dict[int, int] | None:
+    async def _redrive_counts(self, offsets: builtins.list[int]) -> dict[int, int] | None:
         """Re-drives per offset of the dead-letter topic; None (logged) when PostgreSQL cannot say."""
         if not offsets:
             return {}
@@ -556,7 +564,7 @@ class DeadLetters:
             return None
         return {r["dlq_offset"]: r["n"] for r in rows}
 
-    async def _claim(self, stored: StoredLetter, letter: DeadLetter, origin: str, force: bool) -> int | None:
+    async def _claim(self, stored: StoredLetter, letter: DeadLetter, origin: ValueFrom, force: bool) -> int | None:
         """Record the re-drive before publishing it. The first unforced re-drive of a letter is unique
         (a partial unique index), so two people re-driving at once publish it once; a forced one adds a
         row. None when the letter was claimed by someone else meanwhile."""
@@ -566,7 +574,7 @@ class DeadLetters:
                                               source_partition, source_offset, value_from, redriven_by, forced)
                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {forced})"""
         async with self._bookkeeping() as conn:
-            claim = await conn.fetchval(insert.format(forced="false") + """
+            claim: int | None = await conn.fetchval(insert.format(forced="false") + """
                 ON CONFLICT (dlq_topic, dlq_partition, dlq_offset, letter_event_id) WHERE NOT forced
                 DO NOTHING RETURNING id""", *args)
             if claim is None and force:
@@ -655,5 +663,6 @@ def readable(data: bytes | None) -> str | None:
     return "base64:" + base64.b64encode(data).decode()
 
 
-__all__ = ["REDRIVE_HEADER", "DeadLetterError", "DeadLetters", "LetterDetails", "RedriveResult", "Rejected",
-           "StoredLetter", "dead_letter", "is_outage", "publish_dead_letter", "readable", "size_budgets"]
+__all__ = ["REDRIVE_HEADER", "DeadLetterError", "DeadLetters", "LetterDetails", "RedriveAction", "RedriveResult",
+           "Rejected", "StoredLetter", "ValueFrom", "dead_letter", "is_outage", "publish_dead_letter", "readable",
+           "size_budgets"]

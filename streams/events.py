@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Self
 
-from agentstream.streams.kinds import OnToolError, PendingKind, RunStatus
+from agentstream.streams.kinds import (
+    AlertKind,
+    DeadLetterKind,
+    OnToolError,
+    PendingKind,
+    Role,
+    RunStatus,
+    Severity,
+    ToolErrorKind,
+)
 from agentstream.streams.task_rules import event_id_problem
 
 _EVENT_NS = uuid.UUID("6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11")
@@ -63,7 +72,7 @@ class Producer:
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
-    role: str
+    role: Role
     content: str
     name: str | None = None
 
@@ -209,7 +218,7 @@ class ToolCallCompleted(Event):
     error: str | None = None
     duration_ms: float = 0.0
     replayed: bool = False
-    error_kind: str | None = None
+    error_kind: ToolErrorKind | None = None
     attempts: int = 1
 
 
@@ -283,7 +292,7 @@ class DeadLetter(Event):
     key: bytes | None = None
     value: bytes | None = None
     headers: dict[str, bytes] = field(default_factory=dict)
-    error_kind: str
+    error_kind: DeadLetterKind
     reason: str
     #: The original value's size and SHA-256 (hex): a truncated letter still identifies its original, and
     #: a re-drive checks that what it read back from the source topic is that record. None in old letters.
@@ -315,8 +324,8 @@ class AlertRaised(Event):
     step that crossed it when there is one (a slow tool call); aggregate alerts have an empty run id."""
 
     schema_name: ClassVar[str] = _NS + "AlertRaised"
-    kind: str
-    severity: str = "warning"
+    kind: AlertKind
+    severity: Severity = "warning"
     subject: str
     value: float
     threshold: float

@@ -34,4 +34,4 @@ def disable_auto_topic_creation() -> None:
                  **kwargs)
 
     setattr(__init__, _APPLIED, True)
-    MetadataRequest.__init__ = __init__  # type: ignore[method-assign]
+    MetadataRequest.__init__ = __init__  # type: ignore[method-assign]  # the patch is the point

@@ -39,6 +39,15 @@ DecodeErrorKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid"]
 #: Why the runtime dead-lettered a record (``DeadLetter.error_kind``, schemas/DeadLetter.avsc).
 DeadLetterKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid", "handler_error", "retries_exhausted"]
 
+#: Who speaks in a conversation (``Message.role``).
+Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
+#: Why a tool call failed (``ToolCallCompleted.error_kind``, schemas/ToolCallCompleted.avsc).
+ToolErrorKind: TypeAlias = Literal["unknown_tool", "invalid_arguments", "timeout", "tool_error",
+                                   "retries_exhausted", "interrupted"]
+#: What crossed a threshold, and how bad it is (``AlertRaised.kind`` / ``severity``).
+AlertKind: TypeAlias = Literal["slow_tool", "slow_model_step", "tool_failure_rate", "consumer_lag"]
+Severity: TypeAlias = Literal["warning", "critical"]
+
 #: What a model's reply asks for (``streams/actions.py``).
 ActionKind: TypeAlias = Literal["tool", "retrieve", "final_answer"]
 
@@ -55,6 +64,7 @@ def one_of(value: object, members: tuple[T, ...]) -> T | None:
             return member
     return None
 
-__all__ = ["ON_TOOL_ERROR", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind",
-           "DeadLetterKind", "DecodeErrorKind", "OnToolError", "PendingKind", "RunOutcome", "RunStatus",
-           "StepKind", "StepOutcome", "StepStatus", "TracingMode", "one_of"]
+
+__all__ = ["ON_TOOL_ERROR", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind", "AlertKind",
+           "DeadLetterKind", "DecodeErrorKind", "OnToolError", "PendingKind", "Role", "RunOutcome", "RunStatus",
+           "Severity", "StepKind", "StepOutcome", "StepStatus", "ToolErrorKind", "TracingMode", "one_of"]

@@ -13,12 +13,13 @@ from aiokafka import TopicPartition
 
 
 class _Partition:
-    __slots__ = ("committed", "done", "order")
+    __slots__ = ("committed", "done", "order", "reached")
 
     def __init__(self) -> None:
         self.order: deque[int] = deque()
         self.done: set[int] = set()
-        self.committed: int | None = None  # last position handed out by committable()
+        self.reached: int | None = None  # one past the highest contiguous done offset so far
+        self.committed: int | None = None  # last position handed out by committable() and not failed
 
     def position(self) -> int | None:
         """One past the highest contiguous done offset (None if nothing finished since the last call)."""
@@ -59,10 +60,20 @@ class OffsetTracker:
             if tps is not None and tp not in tps:
                 continue
             position = part.position()
-            if position is not None and position != part.committed:
-                part.committed = position
-                out[tp] = position
+            if position is not None:
+                part.reached = position
+            if part.reached is not None and part.reached != part.committed:
+                part.committed = part.reached
+                out[tp] = part.reached
         return out
+
+    def uncommitted(self, offsets: dict[TopicPartition, int]) -> None:
+        """A commit of ``offsets`` failed: hand those positions out again on the next ``committable``
+        (a transient coordinator error must not leave finished records to be redone after a restart)."""
+        for tp, position in offsets.items():
+            part = self._parts.get(tp)
+            if part is not None and part.committed == position:
+                part.committed = None
 
     def forget(self, tps: set[TopicPartition]) -> None:
         """Drop revoked partitions: their unfinished records will be redelivered to the new owner."""

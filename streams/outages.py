@@ -73,7 +73,7 @@ def outage_of(exc: BaseException) -> str | None:
 def backoff(attempt: int, *, base_s: float, cap_s: float) -> float:
     """Seconds to wait before try ``attempt + 1``: doubling from ``base_s``, capped at ``cap_s``, with
     jitter (half to all of it) so that many waiters do not retry in step. The one backoff of the project."""
-    return min(cap_s, base_s * 2 ** min(attempt - 1, 32)) * (0.5 + random.random() / 2)
+    return min(cap_s, base_s * 2.0 ** min(attempt - 1, 32)) * (0.5 + random.random() / 2)
 
 
 async def wait_out(call: Callable[[], Awaitable[T]], what: str, *, cap_s: float = 5.0) -> T:

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import RecordMetadata
 
 from agentstream.streams import tracing
 from agentstream.streams.assignor import copartitioned
@@ -54,6 +57,7 @@ from agentstream.streams.config import Settings
 from agentstream.streams.dlq import Rejected, publish_dead_letter
 from agentstream.streams.errors import Abandoned
 from agentstream.streams.events import ClaimCheck, Event, InferenceRequested
+from agentstream.streams.kinds import DeadLetterKind
 from agentstream.streams.offsets import OffsetTracker
 from agentstream.streams.outages import Outages, backoff, outage_of
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
@@ -117,7 +121,13 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError))
 
 
-_FROM_SETTINGS: object = object()
+class _Default(enum.Enum):
+    """``Runtime(tracing=...)`` left out: the process's tracing, as the settings say."""
+
+    FROM_SETTINGS = "from settings"
+
+
+_FROM_SETTINGS = _Default.FROM_SETTINGS
 
 
 
@@ -136,11 +146,11 @@ class Runtime:
     process's telemetry: ``tracing`` (default: as the settings say) and ``metrics`` (default: none)."""
 
     def __init__(self, settings: Settings, codec: Codec, *, linger_ms: int = 0,
-                 tracing: Tracing | object | None = _FROM_SETTINGS, metrics: Metrics | None = None) -> None:
+                 tracing: Tracing | _Default | None = _FROM_SETTINGS, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.codec = codec
-        self.tracing: Tracing | None = (_process_tracing(settings)
-                                        if tracing is _FROM_SETTINGS else tracing)  # type: ignore[assignment]
+        self.tracing: Tracing | None = (_process_tracing(settings) if isinstance(tracing, _Default)
+                                        else tracing)
         self.metrics = metrics
         self.topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
         self.producer = AIOKafkaProducer(
@@ -161,7 +171,7 @@ class Runtime:
         self._started = False
 
     async def send(self, topic: str, event: Event, *, key: str | None = None,
-                   headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future:
+                   headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future[RecordMetadata]:
         """Queue ``event`` for ``topic`` (keyed by its run unless ``key`` says otherwise); the returned
         future resolves when the broker has acknowledged it.
 
@@ -249,7 +259,7 @@ class Context:
         self.span = span
         self._metrics = metrics
         self._source: bytes | None = None
-        self._pending: list[asyncio.Future] = []
+        self._pending: list[asyncio.Future[RecordMetadata]] = []
 
     @property
     def topics(self) -> Topics:
@@ -294,10 +304,10 @@ class _Listener(ConsumerRebalanceListener):
     def __init__(self, runner: ServiceRunner) -> None:
         self.runner = runner
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def on_partitions_revoked(self, revoked: AbstractSet[TopicPartition]) -> None:
         await self.runner._on_revoked(set(revoked))
 
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+    async def on_partitions_assigned(self, assigned: AbstractSet[TopicPartition]) -> None:
         await self.runner._on_assigned(set(assigned))
 
 
@@ -316,8 +326,8 @@ class ServiceRunner:
         self.tracker = OffsetTracker()
         self.dedup = _Dedup(config.dedup_capacity)
         self._sem = asyncio.Semaphore(config.concurrency)
-        self._tails: dict[bytes, asyncio.Task] = {}
-        self._tasks: dict[TopicPartition, set[asyncio.Task]] = {}
+        self._tails: dict[bytes, asyncio.Task[None]] = {}
+        self._tasks: dict[TopicPartition, set[asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
         self._joined = asyncio.Event()
         self.consumer: AIOKafkaConsumer | None = None
@@ -421,14 +431,14 @@ class ServiceRunner:
         self._tails[key] = task
         self._tasks.setdefault(tp, set()).add(task)
 
-        def _cleanup(t: asyncio.Task, key: bytes = key, tp: TopicPartition = tp) -> None:
+        def _cleanup(t: asyncio.Task[None], key: bytes = key, tp: TopicPartition = tp) -> None:
             if self._tails.get(key) is t:
                 del self._tails[key]
             self._tasks.get(tp, set()).discard(t)
 
         task.add_done_callback(_cleanup)
 
-    def run_keyed(self, key: bytes, job: Callable[[], Awaitable[None]]) -> asyncio.Task:
+    def run_keyed(self, key: bytes, job: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
         """Run ``job`` in ``key``'s queue, after that key's in-flight records, within the concurrency
         limit, but outside any record (no offset, no retries: failures are logged). The planner's
         deadline timer uses it so a timeout never races the run's own events."""
@@ -449,7 +459,7 @@ class ServiceRunner:
         return task
 
     # -- one record ----------------------------------------------------------------------------
-    async def _process(self, previous: asyncio.Task | None, tp: TopicPartition, record: Record,
+    async def _process(self, previous: asyncio.Task[None] | None, tp: TopicPartition, record: Record,
                        value: bytes | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])  # same key: in order; its failure is not ours
@@ -547,7 +557,7 @@ class ServiceRunner:
                         await asyncio.sleep(policy.delay(attempt))
                         attempt += 1
                         continue
-                    kind = "retries_exhausted" if retriable else "handler_error"
+                    kind: DeadLetterKind = "retries_exhausted" if retriable else "handler_error"
                     log.exception("%s: %s on %s", self.config.name, kind, event.step_id)
                     if span is not None and self._tracing is not None:
                         self._tracing.fail(span, f"{kind}: {type(exc).__name__}: {exc}")
@@ -602,7 +612,7 @@ class ServiceRunner:
                  self.config.name, type(event).__name__, event.run_id, record.topic, record.partition,
                  record.offset, record.key, partition)
 
-    async def _dead_letter(self, record: Record, value: bytes | None, kind: str, reason: str,
+    async def _dead_letter(self, record: Record, value: bytes | None, kind: DeadLetterKind, reason: str,
                            run_id: str | None = None) -> None:
         """Send the record to the dead-letter topic. The letter is built to fit (streams/dlq.py: a prefix of
         a value too large, with its size and digest) and its publish waits out a broker outage, so a big
@@ -633,10 +643,11 @@ class ServiceRunner:
         try:
             await self.consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:
-            # The group is rebalancing: the next owner starts from the last committed offsets and
-            # drops what it has seen (deterministic ids), so this loses nothing.
-            log.warning("%s: commit failed (%s); records since the last commit will be redelivered",
-                        self.config.name, exc)
+            # Retried on the next tick while the partitions stay assigned; if they move (a rebalance),
+            # the next owner starts from the last committed offsets and drops what it has seen
+            # (deterministic ids), so this loses nothing either way.
+            self.tracker.uncommitted(offsets)
+            log.warning("%s: commit failed (%s); retried on the next tick", self.config.name, exc)
 
     async def _drain(self, tps: set[TopicPartition], grace: float) -> None:
         tasks = {t for tp in tps for t in self._tasks.get(tp, ())}

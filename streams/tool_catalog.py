@@ -216,7 +216,7 @@ class ToolCatalog:
                 return
             await asyncio.sleep(0.2)
 
-    def _apply(self, events: dict[str, ToolRegistered], record: ConsumerRecord) -> None:
+    def _apply(self, events: dict[str, ToolRegistered], record: ConsumerRecord[bytes, bytes]) -> None:
         """The latest record of a key wins; a tombstone (no value) removes the tool."""
         if record.value is None:
             if record.key is not None:

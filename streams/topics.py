@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
@@ -328,7 +329,8 @@ async def _topic_configs(admin: AIOKafkaAdminClient,
     return out
 
 
-async def _describe_settled(admin: AIOKafkaAdminClient, names: list[str], *, within_s: float) -> list[dict]:
+async def _describe_settled(admin: AIOKafkaAdminClient, names: list[str], *,
+                            within_s: float) -> list[dict[str, Any]]:
     """The topics' descriptions once the broker knows them all. A topic created a moment ago (by
     another process, e.g. ``dev up`` just before a worker starts) can be described with an error
     and no partitions until the broker's metadata catches up with the controller: ask again."""

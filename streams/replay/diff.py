@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from agentstream.streams.actions import ActionError, parse_action
 
 Decision = tuple[str, ...]
+#: How a step compares: ``changed`` (the decision), ``result`` (same decision, different result), or there
+#: in one run only.
+StepChange: TypeAlias = Literal["same", "changed", "result", "only_a", "only_b"]
 
 
 def _canon(value: Any) -> str:
@@ -108,8 +111,7 @@ class StepDiff:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def status(self) -> str:
-        """same | changed (the decision) | result (same decision, different result) | only_a | only_b."""
+    def status(self) -> StepChange:
         if self.kind_b is None:
             return "only_a"
         if self.kind_a is None:

@@ -34,9 +34,9 @@ from datetime import datetime
 from typing import Any, Literal, TypeAlias, TypedDict
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from asyncpg.pool import PoolConnectionProxy
 
 from agentstream.streams.codec import Codec, DecodeError, codec_for
 from agentstream.streams.config import Settings
@@ -235,9 +235,9 @@ class Timeline:
         for s in self.steps:
             lane, label = s.service, f"#{s.index} {s.kind}"
             bars: tuple[tuple[SpanKind, datetime | None, datetime | None], ...] = (
-            ("queue", s.sent_at, s.picked_at), ("compute", s.picked_at, s.done_at),
-            ("transport", s.result_sent_at, s.returned_at))
-        for kind, a, b in bars:
+                ("queue", s.sent_at, s.picked_at), ("compute", s.picked_at, s.done_at),
+                ("transport", s.result_sent_at, s.returned_at))
+            for kind, a, b in bars:
                 if a is not None and b is not None:
                     out.append(Span(lane, kind, ms(t0, a) or 0.0, ms(t0, b) or 0.0, s.index, label))
         return out

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,9 +56,9 @@ def estimate_prompt_tokens(event: InferenceRequested) -> int:
     return sum(len(m.content) for m in event.messages) // 4 + 4 * len(event.messages)
 
 
-def record_tokens(headers: object, value: bytes | None) -> int:
+def record_tokens(headers: Iterable[tuple[str, bytes]] | None, value: bytes | None) -> int:
     """The header's estimate, or bytes / 4 of the value for a request published without one."""
-    for key, raw in headers or ():  # type: ignore[attr-defined]
+    for key, raw in headers or ():
         if key == PROMPT_TOKENS_HEADER:
             try:
                 return int(raw)

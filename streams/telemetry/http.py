@@ -42,9 +42,9 @@ class MetricsServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
-        server = site._server  # the bound port, when 0 asked for any free one
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        addresses = self._runner.addresses  # the bound port, when 0 asked for any free one
+        if addresses:
+            self.port = addresses[0][1]
         log.info("metrics on http://%s:%d/metrics", self.host, self.port)
 
     async def stop(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -97,7 +97,8 @@ class LagSampler:
         return lags
 
 
-async def sample_forever(name: str, sample, interval_s: float, stop: asyncio.Event) -> None:
+async def sample_forever(name: str, sample: Callable[[], Awaitable[object]], interval_s: float,
+                         stop: asyncio.Event) -> None:
     """Call ``sample()`` every ``interval_s`` until ``stop``; a failed sample is logged, not fatal."""
     while not stop.is_set():
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -39,7 +39,7 @@ class Scrape:
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
     error: str | None = None
 
-    def total(self, name: str, **match: str | Iterable[str]) -> float:
+    def total(self, name: str, **match: str | Collection[str]) -> float:
         """Sum of the samples called ``name`` whose labels match (a value or a set of values)."""
         out = 0.0
         for labels, value in self.samples.get(name, ()):
@@ -105,7 +105,7 @@ def row(before: Scrape, after: Scrape) -> Row:
         return r
     dt = max(after.at - before.at, 1e-6)
 
-    def rate(name: str, **match: str | Iterable[str]) -> float:
+    def rate(name: str, **match: str | Collection[str]) -> float:
         return max(0.0, after.total(name, **match) - before.total(name, **match)) / dt
 
     for service in SERVICES:

@@ -325,6 +325,8 @@ class JsonLinesSpanExporter(SpanExporter):
 def span_record(span: ReadableSpan) -> dict[str, Any]:
     """A span as a flat dict (the JSON-lines format; tests use it too)."""
     ctx = span.get_span_context()
+    if ctx is None:  # the SDK's spans always have one; only a ReadableSpan built by hand may not
+        raise ValueError(f"span {span.name!r} has no span context")
     parent = span.parent
     start, end = span.start_time or 0, span.end_time or 0
     return {

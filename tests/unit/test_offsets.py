@@ -32,3 +32,23 @@ def test_partitions_are_independent_and_forget_drops_revoked():
     assert tracker.in_flight == 0
     tracker.done(TP, 0)  # finished after revocation: ignored
     assert tracker.committable() == {}
+
+
+def test_a_failed_commit_is_handed_out_again():
+    """A commit that failed (coordinator moved, request timed out) is retried by the next tick, also when
+    nothing new finished meanwhile: otherwise finished records would be redone after a restart."""
+    tracker = OffsetTracker()
+    for offset in (0, 1, 2):
+        tracker.started(TP, offset)
+    tracker.done(TP, 0)
+    tracker.done(TP, 1)
+    failed = tracker.committable()
+    assert failed == {TP: 2}
+    tracker.uncommitted(failed)
+    assert tracker.committable() == {TP: 2}  # the same position again
+    assert tracker.committable() == {}  # and only once it succeeded
+    tracker.done(TP, 2)
+    stale = {TP: 2}
+    assert tracker.committable() == {TP: 3}
+    tracker.uncommitted(stale)  # an older failure does not undo a newer position
+    assert tracker.committable() == {}

@@ -16,7 +16,8 @@ from agentstream.streams.errors import AgentStreamError
 PINNED = [
     "AgentClient", "AgentStreamError", "BackendError", "ClaimMissing", "Codec", "ConfigError", "DeadLetterError",
     "DecodeError", "EVENT_TYPES", "Event", "EventTooLarge", "Message", "MigrationError", "MissingExtra",
-    "Pipeline", "ReplayError", "RunCompleted", "RunFailed", "RunResult", "Settings", "StackError",
+    "Pipeline", "RecordedEvent", "ReplayError", "RunCompleted", "RunDetails", "RunFailed", "RunResult",
+    "RunStatus", "Settings", "StackError", "StepDetails", "StepKind",
     "TaskRejected", "TaskSubmitted", "TokenChunk", "TokenEvent", "ToolArgumentError", "ToolCatalogUnavailable",
     "ToolContext", "ToolError", "TopicMismatch", "TopicsMissing", "Unavailable", "UnknownSchema",
     "__version__", "codec_for", "new_run_id", "tool",
@@ -25,6 +26,7 @@ PINNED = [
 
 def test_all_is_pinned() -> None:
     assert sorted(agentstream.__all__) == sorted(PINNED)
+    assert set(agentstream.__all__) - {"__version__"} == set(agentstream._EXPORTS)
 
 
 def test_every_name_resolves_to_its_module() -> None:

@@ -412,6 +412,7 @@ async def test_failed_records_go_to_the_dead_letter_topic_with_the_reason_and_th
     async with Service(kafka, codec, handler) as svc:  # max_attempts=3
         await until(lambda: handler.ended("d:0") and svc.runner.stats["dead_lettered"] == 3)
         await until(lambda: kafka.committed.get(TP0) == 4)
+        assert not svc.runner.stopping
         # A re-driven copy of b:0 is handled: a dead-lettered event is not remembered as done.
         kafka.append(TOPIC, 0, kafka.logs[TP0][1].value, key=b"b")
         await until(lambda: handler.ended("b:0"))

@@ -1,5 +1,5 @@
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from ssl import SSLContext
 from types import TracebackType
@@ -22,6 +22,7 @@ class AIOKafkaProducer:
         value_serializer: None = None,
         compression_type: Literal["gzip", "snappy", "lz4", "zstd"] | None = ...,
         max_batch_size: int = ...,
+        partitioner: Callable[[bytes | None, Sequence[int], Sequence[int]], int] = ...,
         max_request_size: int = ...,
         linger_ms: int = ...,
         retry_backoff_ms: int = ...,
