@@ -6,7 +6,7 @@ from docs/contract.md alone: it imports nothing from agentstream (tests/unit/tes
 - schema ids without a registry: the first 4 bytes of the SHA-256 of the schema's Parsing Canonical Form
   (computed here from the Avro specification, not with fastavro's helper), top bit cleared;
 - key: the run id as raw UTF-8; partitioner: librdkafka's default (``consistent_random``: CRC32 of the
-  key), not Kafka's murmur2; no headers at all;
+  key), not Kafka's murmur2; batches compressed with snappy (franz-go's default); no headers at all;
 - an event id that is not a UUID.
 """
 
@@ -130,8 +130,9 @@ def task_submitted(run_id: str, task: str, tools: Iterable[str], max_steps: int 
 
 
 async def publish_tasks(bootstrap: str, topic: str, tasks: Sequence[dict[str, Any]]) -> list[RecordMetadata]:
-    """Publish TaskSubmitted events keyed by run id, CRC32-partitioned, without headers."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", partitioner=librdkafka_default_partitioner)
+    """Publish TaskSubmitted events keyed by run id, CRC32-partitioned, snappy-compressed, without headers."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", partitioner=librdkafka_default_partitioner,
+                                compression_type="snappy")
     await producer.start()
     try:
         return [await producer.send_and_wait(topic, encode("TaskSubmitted", t), key=t["run_id"].encode())

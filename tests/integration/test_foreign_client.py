@@ -1,6 +1,7 @@
 """A task published the way a Java, Go or Node team would publish it (tests/integration/foreign_client.py:
 no agentstream code, librdkafka's CRC32 partitioner, no headers, an event id that is not a UUID) runs to
-completion with two planners, and its outcome is read with plain aiokafka and fastavro.
+completion with two planners, and its outcome is read with plain aiokafka and fastavro. The batches are
+snappy-compressed, as franz-go's are by default.
 
 Each task is put on another partition than murmur2's, so the planner that owns that partition must
 forward it to the run's partition (streams/runtime.py, ``route_by_run``); the test checks the forwarded
@@ -16,6 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
+from agentstream.streams.replay.timeline import show
 from agentstream.streams.runtime import ROUTED_HEADER
 from agentstream.testing import Pipeline, isolated
 from tests.integration import foreign_client
@@ -104,8 +106,13 @@ async def test_a_foreign_client_publishes_a_task_and_reads_its_outcome(settings,
         # This process's planner forwarded the tasks that landed on its partitions (the other planner,
         # the rest: their copies are checked above).
         assert planner.stats["routed"] >= RUNS // 2
-        # The history keeps the run's task as it was sent (its event id is not a UUID: stored as a UUIDv5).
+        # The history keeps the run's task as it was sent (its event id is not a UUID: stored as a UUIDv5),
+        # and `agentstream replay show` finds it on the topic where the history says it is.
         events = await pipe.client.events(run_ids[0])
         (task,) = [e for e in events if e["event_type"] == "TaskSubmitted"]
         assert task["partition"] == topics.partition_for(run_ids[0])
         assert task["payload"]["metadata"] == {"origin": "foreign"}
+        timeline = await show(s, run_ids[0])
+        assert timeline is not None
+        (checked,) = [e for e in timeline.events if e.event_type == "TaskSubmitted"]
+        assert checked.kafka == "verified", checked.kafka_note
