@@ -25,6 +25,7 @@ DEFAULT_KAFKA_PORT = 39092
 DEFAULT_POSTGRES_PORT = 35432
 DEFAULT_DATABASE = "agentstream"
 
+
 def _home_dir(env_name: str, xdg_name: str, fallback: str) -> Path:
     explicit = os.environ.get(env_name)
     if explicit:
@@ -117,7 +118,6 @@ class Settings:
             max_run_s=_positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
             telemetry=TelemetrySettings.load(paths),
         )
-
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -61,11 +61,11 @@ from agentstream.streams.kinds import DeadLetterKind
 from agentstream.streams.offsets import OffsetTracker
 from agentstream.streams.outages import Outages, backoff, outage_of
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
+from agentstream.streams.topics import Topics
 
 if TYPE_CHECKING:  # prometheus-client and OpenTelemetry are the [worker] extra: a client imports neither
     from agentstream.streams.telemetry.metrics import Metrics, ServiceMetrics
     from agentstream.streams.telemetry.tracing import Tracing
-from agentstream.streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,6 @@ class _Default(enum.Enum):
 _FROM_SETTINGS = _Default.FROM_SETTINGS
 
 
-
 def _process_tracing(settings: Settings) -> Tracing | None:
     """The process's tracing (``telemetry.tracing.tracing_for``). OpenTelemetry is imported only when
     tracing is configured or a worker in this process already set it up, so that a client installed
@@ -140,6 +139,7 @@ def _process_tracing(settings: Settings) -> Tracing | None:
     from agentstream.streams.telemetry.tracing import tracing_for
 
     return tracing_for(settings.telemetry, settings.paths)
+
 
 class Runtime:
     """What the services of one process share: settings, topics, the codec and one producer — and the

@@ -169,9 +169,6 @@ async def _rejection(pipe, task, **kwargs) -> TaskRejected:
     raise AssertionError("not rejected")
 
 
-
-
-
 async def _latest_snapshot(pipe, run_id: str) -> RunStateSnapshot:
     topics = pipe.worker.runtime.topics
     tp = TopicPartition(topics.runs, topics.partition_for(run_id))
