@@ -40,10 +40,11 @@ from agentstream.streams.events import (
     TokenChunk,
     new_run_id,
 )
-from agentstream.streams.kinds import TERMINAL_STATUSES, RunStatus, StepKind, StepStatus
+from agentstream.streams.kinds import TERMINAL_STATUSES, StepKind, StepStatus
 from agentstream.streams.outages import DATABASE, outage_of
 from agentstream.streams.outcomes import OutcomeWatcher, RunResult
 from agentstream.streams.runtime import Runtime
+from agentstream.streams.store import RunColumns
 from agentstream.streams.tool_catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
@@ -80,19 +81,9 @@ class StepDetails(TypedDict):
     completed_at: datetime | None
 
 
-class RunDetails(TypedDict):
+class RunDetails(RunColumns):
     """A run (its row of ``runs``) and its steps, as ``AgentClient.status`` returns it."""
 
-    run_id: str
-    status: RunStatus
-    task: str
-    step_count: int
-    answer: str | None
-    error_code: str | None
-    error: str | None
-    submitted_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
     steps: list[StepDetails]
 
 

@@ -24,16 +24,30 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import asyncpg
 import orjson
 
 from agentstream.streams.errors import Abandoned, AgentStreamError
 from agentstream.streams.events import Event, InferenceRequested
-from agentstream.streams.kinds import StepOutcome
+from agentstream.streams.kinds import RunStatus, StepOutcome
 from agentstream.streams.outages import outage_of
 
+
+class RunColumns(TypedDict):
+    """The columns of a run's row in ``runs`` that readers get back (``AgentClient.status``, replay)."""
+
+    run_id: str
+    status: RunStatus
+    task: str
+    step_count: int
+    answer: str | None
+    error_code: str | None
+    error: str | None
+    submitted_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
 
 class VersionConflict(AgentStreamError):
     """Another writer moved the run on; reload its state and try again."""

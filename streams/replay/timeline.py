@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeAlias, TypedDict
+from typing import Any, Literal, TypeAlias
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -40,9 +40,9 @@ from asyncpg.pool import PoolConnectionProxy
 
 from agentstream.streams.codec import Codec, DecodeError, codec_for
 from agentstream.streams.config import Settings
-from agentstream.streams.kinds import TERMINAL_STATUSES, RunStatus, StepKind, StepStatus
+from agentstream.streams.kinds import TERMINAL_STATUSES, StepKind, StepStatus
 from agentstream.streams.registry import UnknownSchema
-from agentstream.streams.store import event_uuid
+from agentstream.streams.store import RunColumns, event_uuid
 from agentstream.streams.task_rules import MAX_EVENT_ID_CHARS
 
 SERVICE_OF = {"model": "inference", "tool": "tools", "retrieval": "retrieval", "prefetch": "retrieval"}
@@ -60,19 +60,9 @@ KafkaCheck: TypeAlias = Literal["verified", "missing", "mismatched", "unrecorded
 SpanKind: TypeAlias = Literal["queue", "compute", "transport", "planner"]
 
 
-class RunRecord(TypedDict):
+class RunRecord(RunColumns):
     """The run's row of ``runs`` (what the timeline shows of it)."""
 
-    run_id: str
-    status: RunStatus
-    task: str
-    step_count: int
-    answer: str | None
-    error_code: str | None
-    error: str | None
-    submitted_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
     replay_of: str | None
 
 
