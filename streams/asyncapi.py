@@ -42,7 +42,7 @@ from agentstream.streams.events import (
     ToolCallRequested,
     ToolRegistered,
 )
-from agentstream.streams.registry import LocalRegistry, schema_id
+from agentstream.streams.registry import LocalRegistry, full_name, schema_id
 from agentstream.streams.runtime import ROUTED_HEADER, SOURCE_HEADER, TYPE_HEADER
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER
 from agentstream.streams.topics import Topics
@@ -217,16 +217,16 @@ def _older_schemas(registry: LocalRegistry) -> list[dict[str, Any]]:
     out = []
     for path in sorted((registry.directory / "history").glob("*.avsc")):
         raw = json.loads(path.read_text())
-        name = raw["name"] if "." in raw["name"] else f"{raw.get('namespace', '')}.{raw['name']}"
-        out.append({"file": f"schemas/history/{path.name}", "record": name, "schemaId": schema_id(raw)})
+        out.append({"file": f"schemas/history/{path.name}", "record": full_name(raw), "schemaId": schema_id(raw)})
     return out
 
 
 def _version() -> str:
+    """The package's version (as ``agentstream.__version__``, which the backbone may not import)."""
     try:
         return metadata.version("agentstream")
     except metadata.PackageNotFoundError:
-        return "0.0.0"
+        return "0+unknown"
 
 
 DESCRIPTION = """\

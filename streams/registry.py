@@ -52,7 +52,8 @@ def schema_id(schema: RawSchema) -> int:
     return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def _full_name(schema: RawSchema) -> str:
+def full_name(schema: RawSchema) -> str:
+    """A record schema's full name (``namespace.name`` unless the name is already qualified)."""
     name: str = schema["name"]
     return name if "." in name or not schema.get("namespace") else f"{schema['namespace']}.{name}"
 
@@ -80,8 +81,8 @@ class LocalRegistry:
             raise UnknownSchema(f"schema id collision for {origin.name}: rename or change the schema")
         self._by_id[sid] = parsed
         if current:
-            self._current[_full_name(raw)] = (sid, parsed)
-            self._raw[_full_name(raw)] = raw
+            self._current[full_name(raw)] = (sid, parsed)
+            self._raw[full_name(raw)] = raw
 
     def id_for(self, name: str) -> int:
         try:
