@@ -14,6 +14,15 @@ runtime must not retry a handler that already ran a tool: its second try would f
 attempts: …") and the request goes to the dead-letter topic with error kind ``retries_exhausted``;
 the handler itself returns normally, so the runtime does not dead-letter the record a second time.
 
+A tool that fails because this worker's PostgreSQL is down (its own writes through ``ctx.pool`` fail
+with an outage error and the database does not answer a probe) did not take effect there: its
+transaction was never committed. The handler then raises the outage, so the runtime waits it out
+(partition paused, ``/readyz`` saying why) and calls the handler again, which finds its own row
+``running`` and, remembered in memory, runs the tool again as the next attempt instead of answering
+"interrupted". The same memory covers a database failure between two retries. Only a worker that
+dies during the outage leaves the row ``running``: its successor answers "interrupted", as for any
+call whose effects are unknown.
+
 Instrumentation (when the worker has metrics / tracing): calls by tool and outcome, their duration,
 and a ``tool NAME`` span around the execution (all its attempts) inside the step's span.
 """
@@ -41,6 +50,7 @@ from agentstream.streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
+from agentstream.streams.outages import DATABASE, outage_of
 from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 from agentstream.streams.store import pg_text, to_json
 
@@ -67,6 +77,9 @@ class ToolService:
         self.tools = {t.name: t for t in tools}
         self.retrievals = RetrievalWaiter(runtime)
         self._unrecorded: dict[str, Outcome] = {}
+        #: Claimed calls whose last attempt (the value) was stopped by a database outage, without effect
+        #: there: the runtime's next try of the handler runs the tool again instead of "interrupted".
+        self._stopped: dict[str, int] = {}
         self._metrics = metrics = getattr(runtime, "metrics", None)  # None: off (or a stand-in runtime in tests)
         self._tracing = getattr(runtime, "tracing", None)
         self._step_seconds = metrics.step_seconds.labels("tool") if metrics else None
@@ -99,9 +112,11 @@ class ToolService:
             return
         previous = await self._claim(event, arguments)
         unrecorded = self._unrecorded.get(event.step_id)
-        if previous is not None and unrecorded is None:
+        stopped = self._stopped.get(event.step_id)
+        if previous is not None and unrecorded is None and stopped is None:
             await self._replay(ctx, event, started, previous)
             return
+        first = 1 if stopped is None else stopped + 1
         # A runtime retry of this handler after the tool ran but before its row was updated (a database
         # blip) answers from memory instead of "interrupted". With tracing, the execution is a span.
         parent = getattr(ctx, "span", None)
@@ -109,14 +124,15 @@ class ToolService:
             span = self._tracing.start_child(f"tool {tool.name}", parent, {
                 "agentstream.tool": tool.name, "agentstream.step_id": event.step_id})
             try:
-                outcome = await self._execute(tool, arguments, event)
+                outcome = await self._execute(tool, arguments, event, first)
                 span.set_attribute("agentstream.attempts", outcome.attempts)
                 if outcome.error is not None:
                     self._tracing.fail(span, f"{outcome.error_kind}: {outcome.error}"[:500])
             finally:
                 span.end()
         else:
-            outcome = unrecorded or await self._execute(tool, arguments, event)
+            outcome = unrecorded or await self._execute(tool, arguments, event, first)
+        self._stopped.pop(event.step_id, None)
         self._unrecorded[event.step_id] = outcome
         await self._finish(event, outcome)
         del self._unrecorded[event.step_id]
@@ -124,9 +140,12 @@ class ToolService:
         if outcome.error_kind == RETRIES_EXHAUSTED:
             await self._dead_letter(ctx, event, outcome.error or "")
 
-    async def _execute(self, tool: Tool, arguments: dict[str, Any], event: ToolCallRequested) -> Outcome:
-        """Run the tool, retrying retriable failures with backoff; never raises for the tool's errors."""
-        attempt = 1
+    async def _execute(self, tool: Tool, arguments: dict[str, Any], event: ToolCallRequested,
+                       attempt: int = 1) -> Outcome:
+        """Run the tool, retrying retriable failures with backoff; never raises for the tool's errors,
+        only for an outage of this worker's database (the runtime waits it out and calls again)."""
+        if attempt > 1:
+            await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
         while True:
             context = ToolContext(event.run_id, event.step_id, self.pool, attempt=attempt,
                                   retrieve=self.retrievals.bind(event, attempt))
@@ -139,6 +158,11 @@ class ToolService:
             except ToolError as exc:
                 reason, kind, retriable = str(exc), "tool_error", exc.retriable
             except Exception as exc:  # a bug in the tool, or a result json cannot encode: the step's error
+                if await self._database_outage(exc):
+                    log.warning("tools: %s attempt %d stopped by a database outage (%s: %s); run again when "
+                                "it is back", event.step_id, attempt, type(exc).__name__, exc)
+                    self._stopped[event.step_id] = attempt
+                    raise
                 reason, kind, retriable = f"{type(exc).__name__}: {exc}", "tool_error", False
             if not retriable:
                 return Outcome(attempt, error=reason, error_kind=kind)
@@ -150,8 +174,21 @@ class ToolService:
             log.info("tools: %s attempt %d of %d failed (%s); retrying in %.2f s", event.step_id, attempt,
                      tool.max_attempts, reason, delay)
             await asyncio.sleep(delay)
+            self._stopped[event.step_id] = attempt  # if the update below meets an outage: the next attempt
             attempt += 1
             await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
+            del self._stopped[event.step_id]
+
+    async def _database_outage(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by a tool, is this worker's database being down: an outage error, and
+        the database does not answer now. A refused connection to some other service is the tool's error."""
+        if outage_of(exc) != DATABASE:
+            return False
+        try:
+            await asyncio.wait_for(self.pool.fetchval("SELECT 1"), 2.0)
+        except Exception as probe:
+            return outage_of(probe) == DATABASE
+        return False
 
     async def _claim(self, event: ToolCallRequested, arguments: dict[str, Any]) -> asyncpg.Record | None:
         """Insert the running row; return the existing row when this step was seen before."""

@@ -15,6 +15,21 @@ async def effect(label: str, ctx: ToolContext) -> str:
     return f"recorded {label}"
 
 
+#: Set by a test to hold ``gated_effect`` between its start and its write (in-process workers only).
+GATE = asyncio.Event()
+ENTERED = asyncio.Event()
+
+
+@tool(description="Record a side effect once a test opens the gate.", timeout_s=60)
+async def gated_effect(label: str, ctx: ToolContext) -> str:
+    assert ctx.pool is not None
+    ENTERED.set()
+    await GATE.wait()
+    await ctx.pool.execute("INSERT INTO test_effects (run_id, step_id, label) VALUES ($1, $2, $3)",
+                           ctx.run_id, ctx.step_id, label)
+    return f"recorded {label}"
+
+
 @tool(description="Wait for a number of seconds.", timeout_s=30)
 async def sleep(seconds: float) -> str:
     await asyncio.sleep(seconds)

@@ -22,6 +22,7 @@ from agentstream.services.worker import WorkerOptions
 from agentstream.streams.codec import DecodeError, codec_for
 from agentstream.streams.events import RunStateSnapshot
 from agentstream.testing import Pipeline
+from tests.integration import pipeline_tools
 from tests.integration.processes import start_worker, stop, wait_for_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -117,6 +118,37 @@ async def test_postgres_stopped_for_30_s_mid_load(stack, tmp_path):
         assert reported, "the planner's /readyz never reported the database outage"
         assert (await _readyz(port))[0] == 200
     finally:
+        for proc in procs:
+            stop(proc)
+        await pipe_cm.__aexit__(None, None, None)
+
+
+async def test_a_tool_stopped_by_a_database_outage_runs_again_once(stack, tmp_path):
+    """The tool's own write fails because PostgreSQL stops under it: the call is not answered as a tool
+    error (the model would go on without the effect) nor as "interrupted" — it runs again, as attempt 2,
+    once the database is back, and its effect happens once."""
+    pipe_cm, pipe, procs = await _pipeline(stack, tmp_path, planners=1)
+    pipeline_tools.GATE.clear()
+    pipeline_tools.ENTERED.clear()
+    try:
+        run_id = await pipe.client.submit('[[tool:gated_effect {"label": "g"}]] [[answer:done]]',
+                                          tools=["gated_effect"], deadline=240)
+        await asyncio.wait_for(pipeline_tools.ENTERED.wait(), 60)
+        await stack.stop_postgres()
+        pipeline_tools.GATE.set()
+        await asyncio.sleep(3)
+        await stack.start_postgres()
+        assert (await pipe.client.wait(run_id, timeout=120)).ok
+        conn = await asyncpg.connect(stack.database_url)
+        try:
+            effects = await conn.fetchval("SELECT count(*) FROM test_effects WHERE run_id = $1", run_id)
+            call = await conn.fetchrow("SELECT status, attempts, error FROM tool_calls WHERE run_id = $1", run_id)
+        finally:
+            await conn.close()
+        assert effects == 1
+        assert (call["status"], call["attempts"], call["error"]) == ("succeeded", 2, None)
+    finally:
+        pipeline_tools.GATE.set()
         for proc in procs:
             stop(proc)
         await pipe_cm.__aexit__(None, None, None)
