@@ -85,9 +85,10 @@ async def read_events(settings: Settings, tp: TopicPartition, start: int, *, exp
         deadline = time.monotonic() + timeout
         while len(out) < expect and time.monotonic() < deadline:
             batch = await consumer.getmany(tp, timeout_ms=300)
-            out.extend(codec.decode(m.value) for m in batch.get(tp, []))
+            out.extend([await codec.decode_async(m.value) for m in batch.get(tp, [])])
     finally:
         await consumer.stop()
+        await codec.close()
     return out
 
 

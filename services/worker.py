@@ -41,7 +41,7 @@ from agentstream.streams.telemetry.lag import GroupOffsets, LagSampler, sample_f
 from agentstream.streams.telemetry.metrics import Metrics
 from agentstream.streams.telemetry.tracing import Tracing
 from agentstream.streams.tool_catalog import ToolCatalog, register
-from agentstream.streams.topics import ensure_topics, wait_for_group_coordinator
+from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coordinator
 
 if TYPE_CHECKING:  # imported where used: each service loads only what it needs
     from agentstream.services.inference.service import InferenceService
@@ -93,6 +93,17 @@ def make_backend(name: str, **options: Any) -> Backend:
     return backend
 
 
+async def prepare(settings: Settings) -> None:
+    """Create the topics and apply the SQL migrations, each waiting out an outage (a worker started while
+    the broker or the database is down, or restarting, waits and says so in /readyz instead of
+    crash-looping). Every worker does this on start; ``agentstream migrate`` (the deploy's migration Job)
+    does only this."""
+    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    await wait_out(lambda: ensure_topics(settings.kafka_bootstrap, topics.specs()), "creating topics")
+    await wait_out(lambda: wait_for_group_coordinator(settings.kafka_bootstrap), "finding the group coordinator")
+    await wait_out(lambda: migrations.migrate(settings.database_url), "applying migrations")
+
+
 class DatabaseProbe:
     """Whether PostgreSQL answers (the runtime's probe for the ``database`` dependency). It first
     replaces the pools' connections, at most every ``refresh_s``: a connection cut off mid-query when
@@ -127,6 +138,8 @@ class Worker:
         telemetry = self.settings.telemetry
         port = self.options.metrics_port if self.options.metrics_port is not None else telemetry.metrics_port
         self.metrics: Metrics | None = Metrics() if port is not None else None
+        if self.metrics is not None:  # read at each scrape: the alert on a worker up but not ready
+            self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         self.metrics_server: MetricsServer | None = None
         if self.metrics is not None:
             self.metrics.info.info({"services": ",".join(self.names), "instance": default_instance(),
@@ -180,13 +193,13 @@ class Worker:
         # Each step waits out an outage of the broker or the database (a worker started while either
         # is down, or restarting, waits and says so in /readyz instead of crash-looping).
         self._phase = "creating topics and applying migrations"
-        await wait_out(lambda: ensure_topics(s.kafka_bootstrap, self.runtime.topics.specs()), "creating topics")
-        await wait_out(lambda: wait_for_group_coordinator(s.kafka_bootstrap), "finding the group coordinator")
-        await wait_out(lambda: migrations.migrate(s.database_url), "applying migrations")
+        await prepare(s)
         self._phase = "connecting to PostgreSQL"
         self.pool = await wait_out(lambda: db.create_pool(s.database_url, min_size=1, max_size=10), "connecting")
         self.runtime.claims = ClaimStore(self.pool)
         await wait_out(self.runtime.start, "starting the producer")
+        # Before anything is written: workers of other versions look up the ids of our schemas there.
+        await wait_out(self.runtime.publish_schemas, "publishing the event schemas")
         if self.metrics_server is not None:
             pool, url = self.pool, self.metrics_server.url
             await wait_out(lambda: discovery.register(pool, self._worker_id, self.names, url, s.topic_prefix),

@@ -92,6 +92,8 @@ class ChannelSpec:
     routed: bool = False
     #: Read by a ServiceRunner, so a dead letter can be re-driven to it (``agentstream dlq redrive``).
     redrivable: bool = False
+    #: Its grouped consumers read it through their service's consumer group (else: assigned, no group).
+    grouped: bool = True
 
 
 CHANNELS: tuple[ChannelSpec, ...] = (
@@ -129,7 +131,18 @@ CHANNELS: tuple[ChannelSpec, ...] = (
     ChannelSpec("tools", (ToolRegistered,), ("tools",), ("client", "planner"),
                 "The tools workers serve (compacted: the latest registration of each), read whole by submit and "
                 "the planner.", key="the tool's name, raw UTF-8", claim_checks=False, emitted=False),
+    ChannelSpec("schemas", (), ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "foreign"),
+                ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "dlq-cli"),
+                "The Avro schemas processes write with (compacted, one partition), without a schema registry: "
+                "each process publishes its schemas before it writes with them, and a reader that meets a "
+                "schema id it does not know reads this topic to its end (a rolling upgrade: docs/upgrades.md). "
+                "Not used with a schema registry.",
+                key="the schema id (as in the values' header), ASCII decimal", claim_checks=False, emitted=False,
+                grouped=False),
 )
+
+#: The one message of the schemas channel (JSON, not Avro: it carries the Avro schemas).
+SCHEMA_MESSAGE = "Schema"
 
 #: Every header agentstream writes. None is required: a record is decoded from its value alone (the
 #: schema id names the event type), and each header's absence has the effect described.
@@ -202,6 +215,22 @@ def _message(spec: ChannelSpec, event: type[Event], registry: LocalRegistry) -> 
     }
 
 
+def _schema_message(spec: ChannelSpec) -> dict[str, Any]:
+    return {
+        "name": SCHEMA_MESSAGE,
+        "title": SCHEMA_MESSAGE,
+        "summary": "An Avro record schema as JSON (as in schemas/*.avsc), published under its id: the first 4 "
+                   "bytes of the SHA-256 of its Parsing Canonical Form, top bit cleared. A record whose key is "
+                   "not its schema's id is ignored.",
+        "contentType": "application/json",
+        "payload": {"type": "object", "description": "An Avro record schema (`type`: `record`)."},
+        "bindings": {"kafka": {
+            "key": {"type": "string", "description": spec.key},
+            "bindingVersion": KAFKA_BINDING_VERSION,
+        }},
+    }
+
+
 def _topic_configuration(configs: dict[str, str]) -> dict[str, Any]:
     """The configs the Kafka binding has fields for (the others are in ``x-agentstream-topic-configs``)."""
     out: dict[str, Any] = {}
@@ -243,7 +272,8 @@ encoding of the event with that schema.
 - **Schema ids**: with a Confluent-compatible registry (AGENTSTREAM_SCHEMA_REGISTRY_URL; Apicurio: \
 `…/apis/ccompat/v7`), subjects are the records' full names (RecordNameStrategy, e.g. \
 `io.agentstream.events.TaskSubmitted`); without one, a schema's id is the first 4 bytes of the SHA-256 of its \
-Avro Parsing Canonical Form, big-endian, with the top bit cleared (`x-agentstream-schema-id` on each message).
+Avro Parsing Canonical Form, big-endian, with the top bit cleared (`x-agentstream-schema-id` on each message); \
+a producer writing with a schema of its own publishes it to the schemas topic first.
 - **Headers**: none is required.
 - **Ids**: `event_id` any non-empty string of at most 200 characters (agentstream writes UUIDs); `step_id` of a \
 task `{run_id}:task`.
@@ -268,6 +298,9 @@ def build_document(topics: Topics | None = None, registry: LocalRegistry | None 
             mid = _message_id(spec, event)
             messages[mid] = _message(spec, event, registry)
             refs[mid] = {"$ref": f"#/components/messages/{mid}"}
+        if not events:
+            messages[SCHEMA_MESSAGE] = _schema_message(spec)
+            refs[SCHEMA_MESSAGE] = {"$ref": f"#/components/messages/{SCHEMA_MESSAGE}"}
         produced = ", ".join(spec.producers) or "nobody"
         consumed = ", ".join(spec.consumers) or "no agentstream service (for anyone to read)"
         channels[spec.topic] = {
@@ -295,7 +328,7 @@ def build_document(topics: Topics | None = None, registry: LocalRegistry | None 
                     "description": PARTIES[party],
                     "messages": [{"$ref": f"#/channels/{spec.topic}/messages/{mid}"} for mid in refs],
                 }
-                if action == "receive" and party in GROUPED:
+                if action == "receive" and party in GROUPED and spec.grouped:
                     operation["bindings"] = {"kafka": {
                         "groupId": {"type": "string", "enum": [topics.group(party)]},
                         "bindingVersion": KAFKA_BINDING_VERSION,

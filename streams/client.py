@@ -128,12 +128,15 @@ class AgentClient:
         from agentstream.streams.topics import require_topics
 
         try:
-            await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools read
-                self.topics.tasks, self.topics.outcomes, self.topics.tokens, self.topics.tools])
+            missing = await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools
+                self.topics.tasks, self.topics.outcomes, self.topics.tokens, self.topics.tools],
+                optional=[self.topics.schemas])
         except Exception:
             await self.runtime.producer.stop()  # built unstarted with the runtime: closed, not leaked
             raise
         await self.runtime.start()
+        if self.topics.schemas not in missing:  # missing: the workers predate it, and cannot read it anyway
+            await self.runtime.publish_schemas()  # before the first submit: workers of other versions read it
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -310,7 +313,7 @@ class AgentClient:
                     if msg.key != run_id.encode():
                         continue
                     try:
-                        chunk = self.runtime.codec.decode(msg.value)
+                        chunk = await self.runtime.codec.decode_async(msg.value)
                     except DecodeError:
                         continue
                     if isinstance(chunk, TokenChunk) and (chunk.step_id, chunk.seq) not in seen:

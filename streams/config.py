@@ -73,6 +73,10 @@ class Settings:
     partitions: int = 8
     #: A Confluent-compatible schema registry; None means the local registry built from schemas/.
     schema_registry_url: str | None = None
+    #: The ``*.avsc`` files this process writes with (default: the ones shipped in the package). For
+    #: upgrades and tests: a process started with a newer schemas directory writes a newer version of an
+    #: event, as a newer release would (docs/upgrades.md).
+    schemas_dir: Path | None = None
     #: How long the group waits for a silent member (a killed worker) before moving its partitions.
     session_timeout_ms: int = 10_000
     #: How long a service consumer's fetch waits for new records. aiokafka keeps one fetch in flight per
@@ -111,6 +115,7 @@ class Settings:
             topic_prefix=os.environ.get("AGENTSTREAM_TOPIC_PREFIX", ""),
             partitions=_positive_int("AGENTSTREAM_PARTITIONS", 8),
             schema_registry_url=os.environ.get("AGENTSTREAM_SCHEMA_REGISTRY_URL") or None,
+            schemas_dir=_directory("AGENTSTREAM_SCHEMAS_DIR"),
             session_timeout_ms=_positive_int("AGENTSTREAM_SESSION_TIMEOUT_MS", 10_000),
             fetch_max_wait_ms=_positive_int("AGENTSTREAM_FETCH_MAX_WAIT_MS", 100),
             max_event_bytes=_positive_int("AGENTSTREAM_MAX_EVENT_BYTES", 512 * 1024),
@@ -261,6 +266,16 @@ def _threshold_spec(name: str, default: float) -> tuple[float, dict[str, float]]
         else:
             default = number
     return default, overrides
+
+
+def _directory(name: str) -> Path | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    path = Path(raw).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"{name}={raw!r} is not a directory")
+    return path
 
 
 def _positive_int(name: str, default: int) -> int:

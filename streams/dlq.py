@@ -312,6 +312,7 @@ class DeadLetters:
     def __init__(self, settings: Settings, *, codec: Codec | None = None, redriven_by: str | None = None,
                  read_timeout_s: float = 15.0) -> None:
         self.settings = settings
+        self._own_codec = codec is None
         self.codec = codec or codec_for(settings)
         self.topic = Topics(prefix=settings.topic_prefix).dlq
         self.redriven_by = redriven_by if redriven_by is not None else default_instance()
@@ -332,6 +333,8 @@ class DeadLetters:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+        if self._own_codec:
+            await self.codec.close()
 
     # -- list and show -----------------------------------------------------------------------------
     async def list(self, *, kind: str | None = None, source_topic: str | None = None,
@@ -357,7 +360,7 @@ class DeadLetters:
                            f"is at {_source(letter)} (redrive reads it from there while it is retained)")
             else:
                 try:
-                    original = self.codec.decode(letter.value)
+                    original = await self.codec.decode_async(letter.value)
                 except DecodeError as exc:
                     problem = f"the original does not decode: {exc}"
         return LetterDetails(stored, original, problem, await self._redrive_rows(stored))
@@ -473,13 +476,16 @@ class DeadLetters:
                 for msg in batch:
                     if msg.offset >= end:
                         return
+                    await self.codec.learn(msg.value)  # a letter from a process with a newer schema
                     yield self._stored(msg)
                     next_offset = msg.offset + 1
                 if not batch:
                     next_offset = max(next_offset, await consumer.position(tp))
 
     async def _letter_at(self, offset: int) -> StoredLetter:
-        return self._stored(await self._read_record(self.topic, 0, offset, what=f"letter {offset}"))
+        msg = await self._read_record(self.topic, 0, offset, what=f"letter {offset}")
+        await self.codec.learn(msg.value)
+        return self._stored(msg)
 
     async def _read_record(self, topic: str, partition: int, offset: int, *,
                            what: str) -> ConsumerRecord[bytes, bytes]:

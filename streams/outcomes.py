@@ -71,7 +71,7 @@ class OutcomeWatcher:
             for messages in batch.values():
                 for msg in messages:
                     try:
-                        event = self.codec.decode(msg.value)
+                        event = await self.codec.decode_async(msg.value)
                     except DecodeError:
                         continue
                     if isinstance(event, (RunCompleted, RunFailed)):

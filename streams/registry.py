@@ -2,7 +2,9 @@
 
 The local registry needs no server and no coordination: a schema's id is a 31-bit hash of its Parsing
 Canonical Form, so every process derives the same ids from the same files, and a changed schema gets a
-new id. Files under ``schemas/history/`` are older versions kept so that old data still decodes.
+new id. Files under ``schemas/history/`` are older versions kept so that old data still decodes. Schemas
+other processes write with (a newer version, during a rolling upgrade) are learnt from the schemas topic
+(``streams/schema_log.py``) when data with an id this process does not know arrives: ``learn``.
 
 The HTTP registry speaks the Confluent Schema Registry API (``POST /subjects/{subject}/versions``,
 ``GET /schemas/ids/{id}``) with the record-name subject strategy, since one topic can carry several
@@ -83,6 +85,23 @@ class LocalRegistry:
         if current:
             self._current[full_name(raw)] = (sid, parsed)
             self._raw[full_name(raw)] = raw
+
+    def knows(self, schema_id: int) -> bool:
+        """Whether data written with ``schema_id`` can be read (a current, older or learnt schema)."""
+        return schema_id in self._by_id
+
+    def learn(self, raw: RawSchema) -> int:
+        """Know ``raw`` as a writer schema (not a current one: this process keeps writing with its own);
+        return its id. Raises ``UnknownSchema`` when it does not parse or is not a named record."""
+        try:
+            sid = schema_id(raw)
+            parsed = fastavro.parse_schema(raw)
+        except Exception as exc:  # fastavro raises many types for a schema it cannot parse
+            raise UnknownSchema(f"not an Avro schema: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
+            raise UnknownSchema("not a record schema")
+        self._by_id.setdefault(sid, parsed)
+        return sid
 
     def id_for(self, name: str) -> int:
         try:

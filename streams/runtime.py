@@ -9,7 +9,8 @@ Guarantees (see docs/architecture.md):
 - records with the same key (a run) are handled one after another, others in parallel, at most
   ``concurrency`` at a time; past ``max_in_flight`` records the runtime pauses fetching;
 - a record that cannot be decoded or is invalid, or whose handler fails for good, goes to the
-  dead-letter topic with the reason, and the service carries on;
+  dead-letter topic with the reason, and the service carries on; a schema id this process does not know
+  is first looked up in the schemas topic (``streams/schema_log.py``: another release's schema);
 - an outage is not a failure (``streams/outages.py``): a handler that fails because PostgreSQL, the
   broker or the model server is unreachable is retried with capped backoff for as long as the outage
   lasts, with its partition paused, and readiness says so; attempts made while the dependency's probe
@@ -166,8 +167,17 @@ class Runtime:
             await self.producer.start()
             self._started = True
 
+    async def publish_schemas(self) -> int:
+        """Publish the schemas this process writes with to the schemas topic (``streams/schema_log.py``),
+        so processes with other versions of them can read what it writes; call it after ``start`` and
+        before sending. Returns how many (0 with an HTTP registry, which serves ids itself)."""
+        if self.codec.schemas is None:
+            return 0
+        return await self.codec.schemas.publish(self.producer)
+
     async def stop(self) -> None:
         await self.producer.stop()  # flushes what is pending (and closes one never started: no warning)
+        await self.codec.close()
         self._started = False
 
     async def send(self, topic: str, event: Event, *, key: str | None = None,
@@ -216,7 +226,7 @@ class Runtime:
         if self.claims is None:
             raise EventTooLarge(f"{event.event_type} {event.step_id} came as a claim check and this process "
                                 "has no database to read it from")
-        return self.codec.decode(await self.claims.redeem(event))
+        return await self.codec.decode_async(await self.claims.redeem(event), raise_outages=True)
 
 
 @dataclass
@@ -490,12 +500,8 @@ class ServiceRunner:
         queue_wait = time.time() - record.timestamp_ms / 1000
         if metrics is not None:
             metrics.queue_wait.observe(queue_wait if queue_wait > 0 else 0.0)
-        try:
-            event = self.runtime.codec.decode(value)
-        except DecodeError as exc:
-            log.warning("%s: %s[%d]@%d dead-lettered: %s", self.config.name, record.topic, record.partition,
-                        record.offset, exc)
-            await self._dead_letter(record, value, exc.kind, exc.reason)
+        event = await self._decode(tp, record, value)
+        if event is None:
             return
         if event.event_id in self.dedup:
             self.stats["duplicates"] += 1
@@ -581,6 +587,44 @@ class ServiceRunner:
         if not misrouted:  # the forwarded copy, if this member owns its partition too, is still to come
             self.dedup.add(event.event_id)
         self.stats["processed"] += 1
+
+    async def _decode(self, tp: TopicPartition, record: Record, value: bytes | None) -> Event | None:
+        """The record's event, or None when it was dead-lettered (it cannot become a valid event). An id
+        this process does not know is looked up in the schemas topic (``Codec.decode_async``); while that
+        topic cannot be read (the broker is away) the record waits, its partition paused, as in an outage."""
+        rounds = 0
+        outage = None
+        try:
+            while True:
+                try:
+                    return await self.runtime.codec.decode_async(value, raise_outages=True)
+                except DecodeError as exc:
+                    log.warning("%s: %s[%d]@%d dead-lettered: %s", self.config.name, record.topic, record.partition,
+                                record.offset, exc)
+                    await self._dead_letter(record, value, exc.kind, exc.reason)
+                    return None
+                except (asyncio.CancelledError, Abandoned):
+                    raise
+                except Exception as exc:
+                    dependency = outage_of(exc)
+                    if dependency is None:
+                        raise
+                    if outage is None:
+                        outage = self.outages.begin(dependency, exc)
+                        self._held[tp] = self._held.get(tp, 0) + 1
+                        log.warning("%s: %s[%d]@%d has a schema id to look up and %s is unavailable (%s: %s); "
+                                    "it waits", self.config.name, record.topic, record.partition, record.offset,
+                                    dependency, type(exc).__name__, exc)
+                    rounds += 1
+                    self.stats["outage_retries"] += 1
+                    await asyncio.sleep(backoff(rounds, base_s=self.config.retry.backoff_s,
+                                                cap_s=self.config.outage_backoff_s))
+        finally:
+            if outage is not None:
+                self.outages.end(outage)
+                held = self._held.pop(tp, 1) - 1
+                if held > 0:
+                    self._held[tp] = held
 
     async def _wait_out(self, dependency: str, rounds: int) -> bool:
         """Sleep one round of an outage (capped exponential backoff); then True when the dependency's

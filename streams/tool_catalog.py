@@ -188,6 +188,7 @@ class ToolCatalog:
         while await consumer.position(self._tp) < end:
             batch = await consumer.getmany(self._tp, timeout_ms=200)
             for record in batch.get(self._tp, []):
+                await self.codec.learn(record.value)  # a newer worker's registration: its schema's id
                 self._apply(events, record)
         self._events = events
         self._tools = {name: info for name, e in events.items() if (info := _info(e)) is not None}

@@ -116,6 +116,11 @@ class Topics:
         """ToolRegistered events, key: the tool's name (compacted: the latest registration of each tool)."""
         return self._t("tools")
 
+    @property
+    def schemas(self) -> str:
+        """The Avro schemas processes write with, key: the schema id (compacted; streams/schema_log.py)."""
+        return self._t("schemas")
+
     def partition_for(self, run_id: str) -> int:
         """The partition of every run-keyed topic that carries ``run_id`` (Kafka's default partitioner)."""
         return (murmur2(run_id.encode()) & 0x7FFFFFFF) % self.partitions
@@ -159,6 +164,7 @@ class Topics:
         specs.append(TopicSpec(self.dlq, 1, rf, _retention(30)))
         specs.append(TopicSpec(self.alerts, 1, rf, _retention(30)))  # few, and in one order
         specs.append(TopicSpec(self.tools, 1, rf, {"cleanup.policy": "compact"}))  # read whole, from the start
+        specs.append(TopicSpec(self.schemas, 1, rf, {"cleanup.policy": "compact"}))  # likewise
         return specs
 
 
@@ -388,11 +394,14 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int
         await admin.close()
 
 
-async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: float = 2.0) -> list[str]:
-    """Those of ``names`` the broker does not know. Asks for the list of all topics, which never creates
-    one whatever the broker's settings. A topic another process created a moment ago can be missing from
-    the broker's metadata briefly, so a missing one is looked for again for up to ``within_s``."""
+async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: float = 2.0,
+                         optional: Iterable[str] = ()) -> list[str]:
+    """Those of ``names`` and ``optional`` the broker does not know. Asks for the list of all topics, which
+    never creates one whatever the broker's settings. A topic another process created a moment ago can be
+    missing from the broker's metadata briefly, so a missing one of ``names`` is looked for again for up
+    to ``within_s`` (an ``optional`` one only while that goes on)."""
     names = list(dict.fromkeys(names))
+    extra = [n for n in dict.fromkeys(optional) if n not in names]
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -401,18 +410,23 @@ async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: floa
             known = set(await admin.list_topics())
             missing = [n for n in names if n not in known]
             if not missing or time.monotonic() >= deadline:
-                return missing
+                return missing + [n for n in extra if n not in known]
             await asyncio.sleep(0.2)
     finally:
         await admin.close()
 
 
-async def require_topics(bootstrap: str, names: Iterable[str]) -> None:
-    """Raise ``TopicsMissing`` naming the topics that do not exist (workers create them at start), so a
-    client started before any worker says so at once instead of timing out on its first send."""
-    missing = await missing_topics(bootstrap, names)
-    if missing:
-        raise TopicsMissing(
-            f"topic(s) {', '.join(missing)} do not exist on the broker at {bootstrap}: start a worker first "
-            "(`agentstream worker all`; workers create the catalogue's topics), or run `agentstream dev up`, "
-            "with the same AGENTSTREAM_TOPIC_PREFIX as this client")
+async def require_topics(bootstrap: str, names: Iterable[str], *, optional: Iterable[str] = ()) -> list[str]:
+    """Raise ``TopicsMissing`` naming the topics of ``names`` that do not exist (workers create them at
+    start), so a client started before any worker says so at once instead of timing out on its first
+    send. Returns the topics of ``optional`` that do not exist."""
+    names = list(names)
+    missing = await missing_topics(bootstrap, names, optional=optional)
+    extra = [n for n in missing if n not in names]
+    missing = [n for n in missing if n in names]
+    if not missing:
+        return extra
+    raise TopicsMissing(
+        f"topic(s) {', '.join(missing)} do not exist on the broker at {bootstrap}: start a worker first "
+        "(`agentstream worker all`; workers create the catalogue's topics), or run `agentstream dev up`, "
+        "with the same AGENTSTREAM_TOPIC_PREFIX as this client")

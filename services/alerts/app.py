@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.alerts import rules
 from agentstream.streams.codec import DecodeError, codec_for
@@ -99,7 +99,7 @@ class AlertsApp:
     # -- step results ----------------------------------------------------------------------------
     async def _on_record(self, message: Any, value: bytes | None) -> None:
         try:
-            event = self.codec.decode(value)
+            event = await self.codec.decode_async(value)
         except DecodeError:
             return
         if time.time() - message.timestamp > self.thresholds.max_age_s:
@@ -186,6 +186,13 @@ class AlertsApp:
 
     async def start(self) -> None:
         await self.ensure_topics()
+        if self.codec.schemas is not None:  # AlertRaised's schema, for readers of another version
+            producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all")
+            await producer.start()
+            try:
+                await self.codec.schemas.publish(producer)
+            finally:
+                await producer.stop()
         await self.app.start()
 
     async def stop(self) -> None:
@@ -196,6 +203,7 @@ class AlertsApp:
         offsets, self._offsets = self._offsets, None
         if offsets is not None:
             await offsets.stop()
+        await self.codec.close()  # the schemas topic's consumer, if a lookup started one
 
 
 def _header(headers: Any, name: str) -> bytes | None:

@@ -354,7 +354,7 @@ class RetrievalWaiter:
             for messages in batch.values():
                 for msg in messages:
                     try:
-                        event = self.runtime.codec.decode(msg.value)
+                        event = await self.runtime.codec.decode_async(msg.value)
                     except DecodeError:
                         continue
                     if not isinstance(event, RetrievalCompleted):

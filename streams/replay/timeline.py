@@ -405,6 +405,7 @@ async def cross_check(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, co
                 if found is None or found.kafka != "unchecked":
                     continue
                 try:
+                    await codec.learn(msg.value)  # written by a process with another version of its schema
                     kind, got = _identify(codec, msg.value)
                 except (DecodeError, UnknownSchema, ValueError, IndexError) as exc:
                     _mark([found], "mismatched", f"does not decode: {exc}")
@@ -461,6 +462,7 @@ async def show(settings: Settings, run_id: str, *, check: bool = True, codec: Co
     """Load the run's timeline and (``check``) cross-check its events in Kafka. The Kafka clients connect
     while PostgreSQL answers, so the two round-trip chains overlap."""
     started = time.perf_counter()
+    own_codec = codec is None and check
     codec = codec or (codec_for(settings) if check else None)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=20, consumer_timeout_ms=20,
@@ -491,6 +493,8 @@ async def show(settings: Settings, run_id: str, *, check: bool = True, codec: Co
             await consumer.stop()
         if admin is not None:
             await admin.close()
+        if own_codec and codec is not None:
+            await codec.close()
 
 
 async def summaries(pool: asyncpg.Pool, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

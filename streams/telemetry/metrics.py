@@ -45,6 +45,9 @@ class Metrics:
             ProcessCollector(registry=r)
         p = "agentstream_"
         self.info = Info(p + "worker", "This worker: its services and instance.", registry=r)
+        #: 1 while /readyz answers 200; the worker binds it to its readiness (``set_function``).
+        self.ready = Gauge(p + "worker_ready", "1 when the worker is ready (/readyz answers 200), else 0: loading "
+                           "its model, joining its groups, waiting out an outage, stopping.", registry=r)
         self.handle_seconds = Histogram(p + "handle_seconds", "Handling one record, decode to acknowledged outputs.",
                                         ["service", "event_type"], buckets=_FAST, registry=r)
         self.queue_wait = Histogram(p + "queue_wait_seconds", "From a record's Kafka timestamp to its handler starting.",

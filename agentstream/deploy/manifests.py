@@ -1,0 +1,277 @@
+"""Kubernetes objects for every service, built from deploy values (``agentstream/deploy/values.py``).
+
+Why code and not templates: every name the objects carry — consumer groups, topics, the metrics
+port's environment variable, the runtime's shutdown grace — comes from the modules that own it
+(``Topics``, ``ServiceConfig``), so a rename cannot leave the manifests behind, and a test can check
+the objects as data. The output is plain YAML: commit it as a kustomize base and patch it with
+overlays, or render it per environment with ``--values``. docs/deploy.md explains each object.
+
+Per service (planner, tools, retrieval, inference, inference-gpu, alerts): a Deployment (probes on
+``/healthz`` and ``/readyz``, resources, a non-root read-only container, termination grace longer
+than the runtime's), a PodDisruptionBudget and a KEDA ScaledObject; once: a ConfigMap, a Secret, a
+NetworkPolicy and the migration Job.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from agentstream.deploy.values import Values
+from agentstream.streams.config import DEFAULT_DATABASE
+from agentstream.streams.topics import Topics
+
+Obj = dict[str, Any]
+
+#: Service key in the values -> (the worker's service name, the name of its objects).
+SERVICES: dict[str, tuple[str, str]] = {
+    "planner": ("planner", "planner"),
+    "tools": ("tools", "tools"),
+    "retrieval": ("retrieval", "retrieval"),
+    "inference": ("inference", "inference"),
+    "inferenceGpu": ("inference", "inference-gpu"),
+    "alerts": ("alerts", "alerts"),
+}
+#: Services that serve /metrics, /healthz and /readyz (the alerts app is a faust worker without them).
+_PROBED = {"planner", "tools", "retrieval", "inference"}
+#: The runtime's grace for in-flight records on shutdown (streams/runtime.py ServiceConfig), which a
+#: pod's termination grace must exceed; checked against the code by tests/unit/test_deploy.py.
+RUNTIME_SHUTDOWN_GRACE_S = 10.0
+STATE_DIR = "/var/lib/agentstream"
+
+
+def render(values: Values) -> list[Obj]:
+    """Every object, in the order ``kubectl apply`` and ``podman kube play`` want them (configuration
+    first, then the migration Job, then the workloads and what refers to them)."""
+    ctx = _Context(values)
+    objects: list[Obj] = [ctx.configmap()]
+    if not values.get("existingSecret"):
+        objects.append(ctx.secret())
+    if (values.get("migrations") or {}).get("enabled"):
+        objects.append(ctx.migration_job())
+    for key in SERVICES:
+        spec = (values.get("services") or {}).get(key)
+        if not spec or not spec.get("enabled"):
+            continue
+        objects.append(ctx.deployment(key, spec))
+        if spec.get("pdb"):
+            objects.append(ctx.pdb(key, spec))
+        if (values.get("keda") or {}).get("enabled") and spec.get("autoscaling"):
+            objects.append(ctx.scaled_object(key, spec))
+    if (values.get("networkPolicy") or {}).get("enabled") and not values.get("hostNetwork"):
+        objects.append(ctx.network_policy())  # pods on the host's network are outside any NetworkPolicy
+    return objects
+
+
+class _Context:
+    def __init__(self, values: Values) -> None:
+        self.v = values
+        self.prefix = values.get("namePrefix") or "agentstream"
+        kafka = values.get("kafka") or {}
+        self.topics = Topics(prefix=kafka.get("topicPrefix") or "", partitions=int(kafka.get("partitions") or 8))
+        self.metrics_port = int((values.get("metrics") or {}).get("port") or 0)
+
+    # -- shared pieces ---------------------------------------------------------------------------
+    def name(self, suffix: str) -> str:
+        return f"{self.prefix}-{suffix}"
+
+    def meta(self, suffix: str, component: str, **extra: Any) -> Obj:
+        meta: Obj = {"name": self.name(suffix), "namespace": self.v.get("namespace") or "default",
+                     "labels": self.labels(component)}
+        meta.update(extra)
+        return meta
+
+    def labels(self, component: str) -> dict[str, str]:
+        return {"app.kubernetes.io/name": "agentstream", "app.kubernetes.io/instance": self.prefix,
+                "app.kubernetes.io/component": component}
+
+    def secret_name(self) -> str:
+        return str(self.v.get("existingSecret") or self.name("secrets"))
+
+    def env_from(self) -> list[Obj]:
+        return [{"configMapRef": {"name": self.name("config")}}, {"secretRef": {"name": self.secret_name()}}]
+
+    def image(self, spec: Obj) -> str:
+        image = dict(self.v.get("image") or {})
+        image.update(spec.get("image") or {})
+        return f"{image['repository']}:{image.get('tag') or 'latest'}"
+
+    def pod_spec(self, containers: list[Obj], *, restart: str = "Always", extra: Obj | None = None) -> Obj:
+        sc = self.v.get("securityContext") or {}
+        spec: Obj = {
+            "securityContext": {"runAsNonRoot": True, "runAsUser": sc.get("runAsUser", 10001),
+                                "runAsGroup": sc.get("runAsGroup", 10001), "fsGroup": sc.get("fsGroup", 10001),
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "restartPolicy": restart,
+            "containers": containers,
+            "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        }
+        if self.v.get("hostNetwork"):
+            spec["hostNetwork"] = True
+            spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+        spec.update(extra or {})
+        return spec
+
+    def container(self, name: str, spec: Obj, args: list[str]) -> Obj:
+        pull = (self.v.get("image") or {}).get("pullPolicy") or "IfNotPresent"
+        return {
+            "name": name, "image": self.image(spec), "imagePullPolicy": pull, "args": args,
+            "envFrom": self.env_from(),
+            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "state", "mountPath": STATE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        }
+
+    # -- configuration ---------------------------------------------------------------------------
+    def configmap(self) -> Obj:
+        kafka = self.v.get("kafka") or {}
+        tracing = self.v.get("tracing") or {}
+        data = {
+            "KAFKA_BOOTSTRAP_SERVERS": str(kafka.get("bootstrapServers") or ""),
+            "AGENTSTREAM_TOPIC_PREFIX": str(kafka.get("topicPrefix") or ""),
+            "AGENTSTREAM_PARTITIONS": str(self.topics.partitions),
+            "AGENTSTREAM_STATE_DIR": STATE_DIR,
+            "AGENTSTREAM_METRICS_PORT": str(self.metrics_port),
+            "AGENTSTREAM_TRACING": str(tracing.get("mode") or "off"),
+        }
+        if data["AGENTSTREAM_TRACING"] == "otlp":
+            data["OTEL_EXPORTER_OTLP_ENDPOINT"] = str(tracing.get("otlpEndpoint") or "")
+            data["AGENTSTREAM_TRACE_SAMPLE"] = str(tracing.get("sample", 0.1))
+        data.update({str(k): str(v) for k, v in (self.v.get("env") or {}).items()})
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.meta("config", "config"), "data": data}
+
+    def secret(self) -> Obj:
+        data = {"DATABASE_URL": str((self.v.get("database") or {}).get("url")
+                                    or f"postgresql://postgres@postgres:5432/{DEFAULT_DATABASE}")}
+        if self.v.get("modelApiKey"):
+            data["AGENTSTREAM_MODEL_API_KEY"] = str(self.v["modelApiKey"])
+        # ``data`` (base64), not ``stringData``: podman kube play reads a Secret's data only.
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": self.meta("secrets", "config"),
+                "data": encoded}
+
+    def migration_job(self) -> Obj:
+        job = self.v.get("migrations") or {}
+        container = self.container("migrate", {}, ["migrate"])
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self.meta("migrate", "migrate"),
+                "spec": {"backoffLimit": int(job.get("backoffLimit", 6)), "ttlSecondsAfterFinished": 3600,
+                         "template": {"metadata": {"labels": self.labels("migrate")},
+                                      "spec": self.pod_spec([container], restart="OnFailure")}}}
+
+    # -- workloads ---------------------------------------------------------------------------------
+    def args(self, key: str, spec: Obj) -> list[str]:
+        args = [str(a) for a in spec.get("args") or []]
+        if key in ("inference", "inferenceGpu"):
+            for option, field in (("--backend", "backend"), ("--model", "model"), ("--base-url", "baseUrl"),
+                                  ("--slots", "slots")):
+                if spec.get(field) not in (None, ""):
+                    args += [option, str(spec[field])]
+        for module in spec.get("toolModules") or []:
+            args += ["--tools", str(module)]
+        return args
+
+    def deployment(self, key: str, spec: Obj) -> Obj:
+        service, suffix = SERVICES[key]
+        container = self.container(service, spec, self.args(key, spec))
+        container["resources"] = spec.get("resources") or {}
+        container["env"] = [{"name": "OTEL_SERVICE_NAME", "value": f"agentstream-{suffix}"}]
+        if not self.v.get("hostNetwork"):  # what `agentstream top` connects to; on the host's network, its own
+            container["env"].append({"name": "AGENTSTREAM_METRICS_ADVERTISE",
+                                     "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        annotations: dict[str, str] = {}
+        if service in _PROBED and self.metrics_port:
+            container["ports"] = [{"name": "metrics", "containerPort": self.metrics_port}]
+            # /healthz: the process serves at all (restart it otherwise); /readyz: model loaded or database
+            # reachable, every consumer joined and assigned (a rollout waits for a pod that can serve).
+            container["livenessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"},
+                                          "periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
+            container["readinessProbe"] = {"httpGet": {"path": "/readyz", "port": "metrics"},
+                                           "periodSeconds": 2, "timeoutSeconds": 3, "failureThreshold": 2}
+            # Loading a model (inference) or the embedding model (retrieval) may take minutes.
+            container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"},
+                                         "periodSeconds": 2, "failureThreshold": 150}
+            if (self.v.get("metrics") or {}).get("scrape", True):
+                annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(self.metrics_port),
+                               "prometheus.io/path": "/metrics"}
+        extra: Obj = {"terminationGracePeriodSeconds": int(spec.get("terminationGracePeriodSeconds") or 30)}
+        for field in ("nodeSelector", "tolerations", "affinity"):
+            if spec.get(field):
+                extra[field] = spec[field]
+        labels = self.labels(suffix)
+        return {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": self.meta(suffix, suffix),
+            "spec": {
+                "replicas": int(spec.get("replicas", 1)),
+                "selector": {"matchLabels": labels},
+                # One new pod before an old one goes: a partition's owner changes once per step of the
+                # rollout, and the group never has fewer members than before.
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {"metadata": {"labels": labels, "annotations": annotations},
+                             "spec": self.pod_spec([container], extra=extra)},
+            },
+        }
+
+    def pdb(self, key: str, spec: Obj) -> Obj:
+        suffix = SERVICES[key][1]
+        return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": self.meta(suffix, suffix),
+                "spec": {**spec["pdb"], "selector": {"matchLabels": self.labels(suffix)}}}
+
+    def scaled_object(self, key: str, spec: Obj) -> Obj:
+        service, suffix = SERVICES[key]
+        scaling = spec["autoscaling"]
+        keda = self.v.get("keda") or {}
+        if service == "inference":
+            # The prompt tokens waiting for the inference group, exported by the planners (so the signal
+            # exists at zero inference replicas): docs/deploy.md explains why tokens, not records.
+            # The namespace label comes from the scrape configuration (infra/prometheus/prometheus.yml).
+            namespace = self.v.get("namespace") or "default"
+            query = str(scaling.get("query") or
+                        f'sum(agentstream_inference_backlog_prompt_tokens{{namespace="{namespace}"}})')
+            trigger: Obj = {"type": "prometheus", "metadata": {
+                "serverAddress": str(keda.get("prometheusServer")), "query": query,
+                "threshold": str(scaling.get("tokenThreshold", 16000)), "activationThreshold": "0"}}
+        else:
+            # Consumer lag of the service's group over every topic it reads (the planner reads four).
+            trigger = {"type": "kafka", "metadata": {
+                "bootstrapServers": str((self.v.get("kafka") or {}).get("bootstrapServers")),
+                "consumerGroup": self.topics.group(service), "lagThreshold": str(scaling.get("lagThreshold", 100)),
+                "activationLagThreshold": "0", "offsetResetPolicy": "earliest",
+                "allowIdleConsumers": "false"}}
+        return {
+            "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": self.meta(suffix, suffix),
+            "spec": {
+                "scaleTargetRef": {"name": self.name(suffix)},
+                "pollingInterval": int(keda.get("pollingInterval", 10)),
+                "cooldownPeriod": int(keda.get("cooldownPeriod", 300)),
+                "minReplicaCount": int(scaling.get("minReplicas", 1)),
+                # More consumers than partitions sit idle.
+                "maxReplicaCount": min(int(scaling.get("maxReplicas", 4)), self.topics.partitions),
+                "triggers": [trigger],
+            },
+        }
+
+    def network_policy(self) -> Obj:
+        policy = self.v.get("networkPolicy") or {}
+        kafka_ports = [int(p) for p in (self.v.get("kafka") or {}).get("ports") or [9092]]
+        db_port = int((self.v.get("database") or {}).get("port") or 5432)
+        tcp = [{"protocol": "TCP", "port": p} for p in (*kafka_ports, db_port)]
+        egress: list[Obj] = [
+            {"ports": tcp},
+            {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},  # DNS
+            *(policy.get("extraEgress") or []),
+        ]
+        ingress: list[Obj] = []
+        if self.metrics_port:
+            ingress.append({
+                "from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": str(policy.get("monitoringNamespace") or "monitoring")}}}],
+                "ports": [{"protocol": "TCP", "port": self.metrics_port}]})
+        return {
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": self.meta("workers", "policy"),
+            "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "agentstream",
+                                                     "app.kubernetes.io/instance": self.prefix}},
+                     "policyTypes": ["Ingress", "Egress"], "ingress": ingress, "egress": egress},
+        }
+
+
+__all__ = ["RUNTIME_SHUTDOWN_GRACE_S", "SERVICES", "render"]

@@ -1,0 +1,157 @@
+"""The schemas topic: how processes with different versions of a schema read each other's events.
+
+Without a registry server a schema's id is a hash of the schema (``streams/registry.py``), so a process
+knows the ids of the schema files it has, and no others. During a rolling upgrade a newer worker writes
+an event with a newer version of its schema (a field added, with a default): an id the older workers have
+never seen, which they would dead-letter as ``unknown_schema``, stranding the run. So:
+
+- every process publishes the schemas it writes with to ``{prefix}agent.schemas`` (compacted, one
+  partition; key: the schema id in ASCII decimal, value: the schema's JSON) before it writes with them
+  (``Runtime.publish_schemas``: a worker at start, a client when it connects);
+- a codec that meets an id it does not know reads that topic from where it last stopped up to its end,
+  learns what is new, and decodes again (``Codec.decode_async``). Publishing comes before writing, so
+  the topic's end, read after the record was, covers the record's schema: an id still unknown then is no
+  agentstream process's, and is ``unknown_schema`` as before.
+
+Avro resolution does the rest: an older reader skips a field it does not have, a newer reader fills
+in the default of a field the writer did not have. A published schema is checked against its key (the
+id is the hash of its canonical form), so the topic cannot make a reader decode an id with another
+schema. With a Confluent-compatible registry (``HttpRegistry``) none of this runs: the server gives out
+and serves the ids. docs/upgrades.md has the procedure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaTimeoutError
+
+from agentstream.streams.registry import LocalRegistry, RawSchema, UnknownSchema, full_name, schema_id
+
+log = logging.getLogger(__name__)
+
+
+def encode_schema(raw: RawSchema) -> tuple[bytes, bytes]:
+    """(key, value) of the record that publishes ``raw``."""
+    return str(schema_id(raw)).encode(), json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+
+
+class SchemaLog:
+    """Publish this process's schemas to the schemas topic; learn other processes' schemas from it.
+
+    The consumer that reads the topic is started on the first lookup and kept (a later lookup reads
+    only what was added since); ``close()`` stops it."""
+
+    def __init__(self, bootstrap: str, topic: str, registry: LocalRegistry, *, timeout_s: float = 15.0) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.registry = registry
+        self.timeout_s = timeout_s
+        self._tp = TopicPartition(topic, 0)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock: asyncio.Lock | None = None
+        self._position = 0
+        #: When the last completed read of the topic started (``time.monotonic``).
+        self._read_at = float("-inf")
+        #: Reads of the topic, and schemas learnt from it (for logs and tests).
+        self.reads = 0
+        self.learnt = 0
+
+    async def publish(self, producer: AIOKafkaProducer) -> int:
+        """Publish every current schema (the ones this process writes with); return how many. Idempotent:
+        the topic is compacted by id, and a schema's id never changes."""
+        futures = []
+        for raw in self.registry.raw_current().values():
+            key, value = encode_schema(raw)
+            futures.append(await producer.send(self.topic, value, key=key))
+        await asyncio.gather(*futures)
+        return len(futures)
+
+    async def lookup(self, sid: int) -> bool:
+        """Whether ``sid`` is known, after reading the topic up to its end if it was not. Concurrent
+        lookups share one read, provided it started after they were asked. Raises the broker's error
+        when the topic cannot be read (an outage: the runtime waits it out)."""
+        if self.registry.knows(sid):
+            return True
+        asked = time.monotonic()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if not self.registry.knows(sid) and self._read_at < asked:
+                started = time.monotonic()
+                await self._read()
+                self._read_at = started
+        return self.registry.knows(sid)
+
+    async def _read(self) -> None:
+        consumer = await self._started_consumer()
+        if consumer is None:
+            return
+        end = (await consumer.end_offsets([self._tp]))[self._tp]
+        if end <= self._position:
+            return
+        self.reads += 1
+        consumer.seek(self._tp, self._position)
+        deadline = time.monotonic() + self.timeout_s
+        while (position := await consumer.position(self._tp)) < end:
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"reading {self.topic} up to offset {end} took over {self.timeout_s:g} s "
+                                        f"(at {position})")
+            for msg in (await consumer.getmany(self._tp, timeout_ms=200)).get(self._tp, []):
+                self._learn(msg.key, msg.value, msg.offset)
+        self._position = position
+
+    async def _started_consumer(self) -> AIOKafkaConsumer | None:
+        """The topic's consumer, or None when the topic does not exist (no process that publishes
+        schemas has started on this cluster yet)."""
+        if self._consumer is not None:
+            return self._consumer
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", client_id="agentstream-schemas")
+        await consumer.start()
+        try:
+            if self.topic not in await consumer.topics():
+                await consumer.stop()
+                return None
+            consumer.assign([self._tp])
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+        return consumer
+
+    def _learn(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+        if value is None:
+            return  # a tombstone: nothing to learn (a schema once published stays decodable here)
+        try:
+            raw = json.loads(value)
+            if not isinstance(raw, dict):
+                raise UnknownSchema("not a JSON object")
+            sid = schema_id(raw)
+        except Exception as exc:  # bad JSON, or a schema fastavro cannot parse (it raises many types)
+            log.warning("%s@%d: not a schema, skipped (%s: %s)", self.topic, offset, type(exc).__name__, exc)
+            return
+        if key != str(sid).encode():
+            log.warning("%s@%d: key %r is not the id of its schema (%d), skipped", self.topic, offset, key, sid)
+            return
+        if self.registry.knows(sid):
+            return
+        try:
+            self.registry.learn(raw)
+        except UnknownSchema as exc:
+            log.warning("%s@%d: schema %d skipped: %s", self.topic, offset, sid, exc)
+            return
+        self.learnt += 1
+        log.info("learnt schema %d (%s) from %s", sid, full_name(raw), self.topic)
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+
+__all__ = ["SchemaLog", "encode_schema"]
