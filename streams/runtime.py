@@ -60,7 +60,7 @@ from agentstream.streams.errors import Abandoned
 from agentstream.streams.events import ClaimCheck, Event, InferenceRequested
 from agentstream.streams.kinds import DeadLetterKind
 from agentstream.streams.offsets import OffsetTracker
-from agentstream.streams.outages import Outages, backoff, outage_of
+from agentstream.streams.outages import Outage, Outages, backoff, outage_of
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
 from agentstream.streams.topics import Topics
 
@@ -546,8 +546,7 @@ class ServiceRunner:
                     dependency = outage_of(exc)
                     if dependency is not None:
                         if outage is None:
-                            outage = self.outages.begin(dependency, exc)
-                            self._held[tp] = self._held.get(tp, 0) + 1
+                            outage = self._hold(tp, dependency, exc)
                             log.warning("%s: %s is unavailable (%s: %s); %s waits for it, its partition paused",
                                         self.config.name, dependency, type(exc).__name__, exc, event.step_id)
                         outage_rounds += 1
@@ -572,10 +571,7 @@ class ServiceRunner:
                     return  # not remembered as done: a re-driven copy (agentstream dlq redrive) is handled
         finally:
             if outage is not None:
-                self.outages.end(outage)
-                held = self._held.pop(tp, 1) - 1
-                if held > 0:
-                    self._held[tp] = held
+                self._release(tp, outage)
                 log.info("%s: %s went on after %d tries during the %s outage", self.config.name, event.step_id,
                          outage_rounds, outage.dependency)
             if span is not None:
@@ -610,8 +606,7 @@ class ServiceRunner:
                     if dependency is None:
                         raise
                     if outage is None:
-                        outage = self.outages.begin(dependency, exc)
-                        self._held[tp] = self._held.get(tp, 0) + 1
+                        outage = self._hold(tp, dependency, exc)
                         log.warning("%s: %s[%d]@%d has a schema id to look up and %s is unavailable (%s: %s); "
                                     "it waits", self.config.name, record.topic, record.partition, record.offset,
                                     dependency, type(exc).__name__, exc)
@@ -621,10 +616,19 @@ class ServiceRunner:
                                                 cap_s=self.config.outage_backoff_s))
         finally:
             if outage is not None:
-                self.outages.end(outage)
-                held = self._held.pop(tp, 1) - 1
-                if held > 0:
-                    self._held[tp] = held
+                self._release(tp, outage)
+
+    def _hold(self, tp: TopicPartition, dependency: str, exc: BaseException) -> Outage:
+        """A record of ``tp`` starts waiting for ``dependency``: readiness reports it, the partition is held."""
+        self._held[tp] = self._held.get(tp, 0) + 1
+        return self.outages.begin(dependency, exc)
+
+    def _release(self, tp: TopicPartition, outage: Outage) -> None:
+        """That record waits no more (done, or dead-lettered)."""
+        self.outages.end(outage)
+        held = self._held.pop(tp, 1) - 1
+        if held > 0:
+            self._held[tp] = held
 
     async def _wait_out(self, dependency: str, rounds: int) -> bool:
         """Sleep one round of an outage (capped exponential backoff); then True when the dependency's

@@ -184,12 +184,12 @@ def settings(infra: Infra, database_url: str):
 def effects_table(database_url: str) -> str:
     """The table tests/integration/pipeline_tools.py's ``effect`` tool writes to."""
 
+    from tests.integration.pipeline_tools import EFFECTS_TABLE
+
     async def create() -> None:
         conn = await asyncpg.connect(database_url)
         try:
-            await conn.execute("""CREATE TABLE IF NOT EXISTS test_effects (
-                id serial PRIMARY KEY, run_id text NOT NULL, step_id text NOT NULL, label text NOT NULL,
-                at timestamptz NOT NULL DEFAULT now())""")
+            await conn.execute(EFFECTS_TABLE)
         finally:
             await conn.close()
 

@@ -6,6 +6,10 @@ import asyncio
 
 from agentstream.services.tools.registry import ToolContext, tool
 
+#: The table ``effect`` and its siblings write to (each test database gets it from a fixture).
+EFFECTS_TABLE = """CREATE TABLE IF NOT EXISTS test_effects (id serial PRIMARY KEY, run_id text NOT NULL,
+                   step_id text NOT NULL, label text NOT NULL, at timestamptz NOT NULL DEFAULT now())"""
+
 
 @tool(description="Record a side effect (a row in test_effects) and say so.")
 async def effect(label: str, ctx: ToolContext) -> str:

@@ -8,12 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
+from agentstream.devstack.private import PrivateStack
 from agentstream.streams.config import Settings
+from tests.integration.pipeline_tools import EFFECTS_TABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,3 +72,19 @@ async def wait_for_members(bootstrap: str, group: str, count: int, timeout: floa
         return await group_members(bootstrap, group) == count
 
     await wait_for(ready, timeout, f"{count} stable members in {group}")
+
+
+@asynccontextmanager
+async def private_stack(directory: Path) -> AsyncIterator[PrivateStack]:
+    """A broker and a database of the test module's own (to stop, kill and restart), with the effects table."""
+    private = PrivateStack(directory)
+    await private.start()
+    try:
+        conn = await asyncpg.connect(private.database_url)
+        try:
+            await conn.execute(EFFECTS_TABLE)
+        finally:
+            await conn.close()
+        yield private
+    finally:
+        await private.close()

@@ -23,28 +23,17 @@ from agentstream.streams.codec import DecodeError, codec_for
 from agentstream.streams.events import RunStateSnapshot
 from agentstream.testing import Pipeline
 from tests.integration import pipeline_tools
-from tests.integration.processes import start_worker, stop, wait_for_members
+from tests.integration.processes import private_stack, start_worker, stop, wait_for_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
 TASK = '[[slow:200]] [[tool:effect {"label": "a"}]] [[tool:effect {"label": "b"}]] [[answer:done]]'
-EFFECTS = """CREATE TABLE IF NOT EXISTS test_effects (id serial PRIMARY KEY, run_id text NOT NULL,
-             step_id text NOT NULL, label text NOT NULL, at timestamptz NOT NULL DEFAULT now())"""
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(tmp_path_factory) -> AsyncIterator[PrivateStack]:
-    private = PrivateStack(tmp_path_factory.mktemp("private-stack"))
-    await private.start()
-    conn = await asyncpg.connect(private.database_url)
-    try:
-        await conn.execute(EFFECTS)
-    finally:
-        await conn.close()
-    try:
+    async with private_stack(tmp_path_factory.mktemp("private-stack")) as private:
         yield private
-    finally:
-        await private.close()
 
 
 class Load:

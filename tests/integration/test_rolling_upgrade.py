@@ -35,31 +35,20 @@ from agentstream.streams.outcomes import RunResult
 from agentstream.streams.registry import LocalRegistry
 from agentstream.streams.topics import Topics, wait_for_group_coordinator
 from agentstream.testing import end_offsets, read_events
-from tests.integration.processes import start_worker, stop, wait_for_members
+from tests.integration.processes import private_stack, start_worker, stop, wait_for_members
 from tests.schema_upgrade import newer_schemas
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(420)]
 TOOLS = ("--tools", "agentstream.services.tools.builtin", "--tools", "tests.integration.pipeline_tools")
 TASK = '[[slow:100]] [[tool:effect {"label": "a"}]] [[tool:effect {"label": "b"}]] [[answer:done]]'
-EFFECTS = """CREATE TABLE IF NOT EXISTS test_effects (id serial PRIMARY KEY, run_id text NOT NULL,
-             step_id text NOT NULL, label text NOT NULL, at timestamptz NOT NULL DEFAULT now())"""
 #: Replaced in this order, each by a new worker of the same service.
 ROLLOUT = (("planner", "planner-a"), ("tools", "tools"), ("inference", "inference"), ("planner", "planner-b"))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(tmp_path_factory) -> AsyncIterator[PrivateStack]:
-    private = PrivateStack(tmp_path_factory.mktemp("private-stack"))
-    await private.start()
-    conn = await asyncpg.connect(private.database_url)
-    try:
-        await conn.execute(EFFECTS)
-    finally:
-        await conn.close()
-    try:
+    async with private_stack(tmp_path_factory.mktemp("private-stack")) as private:
         yield private
-    finally:
-        await private.close()
 
 
 class Fleet:
