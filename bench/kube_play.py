@@ -24,8 +24,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from agentstream.deploy import manifests, values
-from agentstream.deploy.podman import KubePlay, podman
+from agentstream.deploy.podman import KubePlay, podman, rendering
 from agentstream.devstack.stack import DevStack
 from agentstream.streams.client import AgentClient, TaskRejected
 from agentstream.streams.config import Settings
@@ -38,12 +37,7 @@ TASK = '[[tool:calculator {"expression": "6 * 7"}]] [[tool:calculator {"expressi
 
 async def one_round(settings: Settings, image: str) -> dict[str, float]:
     name = f"kb{uuid.uuid4().hex[:6]}"
-    repository, tag = image.rsplit(":", 1)
-    objects = manifests.render(values.load(
-        [values.defaults_file().parent / "values-podman.yaml"],
-        [f"namePrefix={name}", f"kafka.bootstrapServers={settings.kafka_bootstrap}",
-         f"database.url={settings.database_url}", f"kafka.topicPrefix={name}.",
-         f"kafka.partitions={settings.partitions}", f"image.repository={repository}", f"image.tag={tag}"]))
+    objects = rendering(settings, image, name)
     with tempfile.TemporaryDirectory() as workdir:
         deployment = KubePlay(objects, Path(workdir), conf=CONF)
         try:

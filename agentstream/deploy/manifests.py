@@ -19,6 +19,8 @@ from typing import Any
 
 from agentstream.deploy.values import Values
 from agentstream.streams.config import DEFAULT_DATABASE
+from agentstream.streams.errors import ConfigError
+from agentstream.streams.runtime import ServiceConfig
 from agentstream.streams.topics import Topics
 
 Obj = dict[str, Any]
@@ -34,9 +36,10 @@ SERVICES: dict[str, tuple[str, str]] = {
 }
 #: Services that serve /metrics, /healthz and /readyz (the alerts app is a faust worker without them).
 _PROBED = {"planner", "tools", "retrieval", "inference"}
-#: The runtime's grace for in-flight records on shutdown (streams/runtime.py ServiceConfig), which a
-#: pod's termination grace must exceed; checked against the code by tests/unit/test_deploy.py.
-RUNTIME_SHUTDOWN_GRACE_S = 10.0
+#: The runtime's grace for in-flight records on shutdown (``ServiceConfig.shutdown_grace_s``), which a
+#: pod's termination grace must exceed by ``GRACE_MARGIN_S`` (the producer's flush, leaving the group).
+RUNTIME_SHUTDOWN_GRACE_S = ServiceConfig(name="", topics=[], group_id="").shutdown_grace_s
+GRACE_MARGIN_S = 5.0
 STATE_DIR = "/var/lib/agentstream"
 
 
@@ -193,7 +196,11 @@ class _Context:
             if (self.v.get("metrics") or {}).get("scrape", True):
                 annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(self.metrics_port),
                                "prometheus.io/path": "/metrics"}
-        extra: Obj = {"terminationGracePeriodSeconds": int(spec.get("terminationGracePeriodSeconds") or 30)}
+        grace = int(spec.get("terminationGracePeriodSeconds") or 30)
+        if grace < RUNTIME_SHUTDOWN_GRACE_S + GRACE_MARGIN_S:  # the kubelet would SIGKILL mid-handover
+            raise ConfigError(f"services.{key}.terminationGracePeriodSeconds={grace}: it must be at least the "
+                              f"runtime's shutdown grace ({RUNTIME_SHUTDOWN_GRACE_S:g} s) + {GRACE_MARGIN_S:g} s")
+        extra: Obj = {"terminationGracePeriodSeconds": grace}
         for field in ("nodeSelector", "tolerations", "affinity"):
             if spec.get(field):
                 extra[field] = spec[field]
@@ -274,4 +281,4 @@ class _Context:
         }
 
 
-__all__ = ["RUNTIME_SHUTDOWN_GRACE_S", "SERVICES", "render"]
+__all__ = ["GRACE_MARGIN_S", "RUNTIME_SHUTDOWN_GRACE_S", "SERVICES", "render"]

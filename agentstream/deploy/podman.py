@@ -15,7 +15,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from agentstream.deploy import manifests, values
 from agentstream.deploy.render import to_yaml
+from agentstream.streams.config import Settings
 from agentstream.streams.errors import AgentStreamError
 
 Obj = dict[str, Any]
@@ -35,6 +37,17 @@ def podman(*args: str, conf: Path | None = None, check: bool = True,
     if check and done.returncode != 0:
         raise PodmanError(f"podman {' '.join(args[:3])} failed: {(done.stderr or done.stdout).strip()[-500:]}")
     return done
+
+
+def rendering(settings: Settings, image: str, name: str) -> list[Obj]:
+    """``infra/deploy/values-podman.yaml`` pointed at ``settings``' broker and database, its objects and
+    topics under ``name`` (a prefix of their own), running ``image``."""
+    repository, _, tag = image.rpartition(":")
+    return manifests.render(values.load(
+        [values.defaults_file().parent / "values-podman.yaml"],
+        [f"namePrefix={name}", f"kafka.bootstrapServers={settings.kafka_bootstrap}",
+         f"database.url={settings.database_url}", f"kafka.topicPrefix={name}.",
+         f"kafka.partitions={settings.partitions}", f"image.repository={repository}", f"image.tag={tag}"]))
 
 
 class KubePlay:
@@ -126,4 +139,4 @@ class KubePlay:
         self._secrets_made.clear()
 
 
-__all__ = ["KubePlay", "PodmanError", "podman"]
+__all__ = ["KubePlay", "PodmanError", "podman", "rendering"]

@@ -12,8 +12,7 @@ import uuid
 import asyncpg
 import pytest
 
-from agentstream.deploy import manifests, values
-from agentstream.deploy.podman import KubePlay
+from agentstream.deploy.podman import KubePlay, rendering
 from agentstream.streams.client import AgentClient
 from agentstream.streams.topics import Topics
 from tests.integration.podman import CONF, require_image
@@ -27,16 +26,6 @@ async def _submit_steadily(client: AgentClient, count: int, every_s: float, run_
     for _ in range(count):
         run_ids.append(await client.submit(TASK, tools=["calculator"], prefetch=False, deadline=300))
         await asyncio.sleep(every_s)
-
-
-def rendering(settings, image: str, name: str) -> list[dict]:
-    """values-podman.yaml, pointed at the test's broker, database and a topic prefix of its own."""
-    repository, tag = image.rsplit(":", 1)
-    return manifests.render(values.load(
-        [values.defaults_file().parent / "values-podman.yaml"],
-        [f"namePrefix={name}", f"kafka.bootstrapServers={settings.kafka_bootstrap}",
-         f"database.url={settings.database_url}", f"kafka.topicPrefix={name}.",
-         f"kafka.partitions={settings.partitions}", f"image.repository={repository}", f"image.tag={tag}"]))
 
 
 async def test_pods_run_tasks_and_a_killed_pod_loses_no_run(settings, tmp_path):

@@ -11,7 +11,6 @@ import yaml
 from agentstream.cli import app
 from agentstream.deploy import manifests, render, values
 from agentstream.streams.errors import ConfigError
-from agentstream.streams.runtime import ServiceConfig
 from agentstream.streams.telemetry.metrics import Metrics
 from agentstream.streams.topics import Topics
 
@@ -45,14 +44,15 @@ def test_defaults_render_every_object_for_every_enabled_service():
 
 
 def test_workers_are_probed_non_root_read_only_and_outlast_the_runtime_grace():
-    assert manifests.RUNTIME_SHUTDOWN_GRACE_S == ServiceConfig(name="x", topics=[], group_id="g").shutdown_grace_s
+    with pytest.raises(ConfigError, match="shutdown grace"):
+        manifests.render(values.load(sets=["services.tools.terminationGracePeriodSeconds=12"]))
     for deployment in _by_kind(manifests.render(values.load()))["Deployment"]:
         pod = deployment["spec"]["template"]["spec"]
         container = pod["containers"][0]
         assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
         assert container["securityContext"]["readOnlyRootFilesystem"]
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-        assert pod["terminationGracePeriodSeconds"] > manifests.RUNTIME_SHUTDOWN_GRACE_S + 5
+        assert pod["terminationGracePeriodSeconds"] >= manifests.RUNTIME_SHUTDOWN_GRACE_S + manifests.GRACE_MARGIN_S
         assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
         assert {"name": "state", "mountPath": manifests.STATE_DIR} in container["volumeMounts"]
         if deployment["metadata"]["name"] == "agentstream-alerts":
