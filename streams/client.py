@@ -265,7 +265,9 @@ class AgentClient:
         await self.watch_outcomes()
         followed = run_id in self._futures  # submitted here: the watcher started before the task was sent
         future = self._future(run_id)
-        if not future.done():
+        # A run this client submitted cannot have ended unseen: its outcome is in the future already or
+        # still to come. Another run may have ended before the watcher started: PostgreSQL knows.
+        if not future.done() and not followed:
             try:
                 with _database():
                     row = await (await self.pool()).fetchrow(
@@ -273,10 +275,8 @@ class AgentClient:
                                   extract(epoch FROM (updated_at - submitted_at)) * 1000 AS ms
                            FROM runs WHERE run_id = $1""", run_id)
             except Unavailable:
-                if not followed:
-                    self._futures.pop(run_id, None)
-                    raise
-                row = None  # its outcome cannot have been published before the watcher started
+                self._futures.pop(run_id, None)
+                raise
             if row is not None and row["status"] in TERMINAL_STATUSES:
                 return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
                                  row["step_count"], float(row["ms"]))

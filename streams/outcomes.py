@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.events import RunCompleted, RunFailed
 from agentstream.streams.kinds import RunOutcome
+from agentstream.streams.telemetry import stages
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +68,13 @@ class OutcomeWatcher:
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
+        clock = stages.clock()
         while True:
             batch = await self.consumer.getmany(timeout_ms=500)
             for messages in batch.values():
                 for msg in messages:
+                    if clock is not None:
+                        clock.add("outcomes.deliver", time.time() - msg.timestamp / 1000)
                     try:
                         event = await self.codec.decode_async(msg.value)
                     except DecodeError:

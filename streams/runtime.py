@@ -20,6 +20,8 @@ Guarantees (see docs/architecture.md):
   run's events; with ``route_by_run``, an event that arrived on another partition than its run's, or
   not keyed by its run id (a third-party producer with another partitioner: librdkafka's default is
   CRC32, Kafka's murmur2), is forwarded there, not handled;
+- a handler may put a record aside (``Deferred``: what it answers is still to be redone from another
+  record); it stays uncommitted while its key's next records go on, and is handed over again later;
 - an event too large for a record travels as a claim check (``streams/claims.py``), transparently;
 - on shutdown or revocation, in-flight records get ``shutdown_grace_s`` to finish; the rest are
   cancelled uncommitted (the next owner redoes them), done offsets are committed, the group is left.
@@ -41,7 +43,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -56,11 +58,12 @@ from agentstream.streams.claims import ClaimStore, EventTooLarge
 from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.config import Settings
 from agentstream.streams.dlq import Rejected, publish_dead_letter
-from agentstream.streams.errors import Abandoned
+from agentstream.streams.errors import Abandoned, Deferred
 from agentstream.streams.events import ClaimCheck, Event, InferenceRequested
 from agentstream.streams.kinds import DeadLetterKind
 from agentstream.streams.offsets import OffsetTracker
 from agentstream.streams.outages import Outage, Outages, backoff, outage_of
+from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
 from agentstream.streams.topics import Topics
 
@@ -199,8 +202,12 @@ class Runtime:
         value = self.codec.encode(event)
         if len(value) > self.settings.max_event_bytes:
             value = await self._claim_check(event, value)
+        clock = stages.clock()
+        sent = time.perf_counter()
         future = await self.producer.send(topic, value,
                                           key=(key if key is not None else event.run_id).encode(), headers=hdrs)
+        if clock is not None:
+            future.add_done_callback(lambda _f: clock.since("produce", sent))
         tr = self.tracing
         if traceparent is not None and tr is not None and tr.has_pending_roots:
             root = tr.claim_root(traceparent.decode(errors="replace"))
@@ -240,6 +247,8 @@ class Record:
     timestamp_ms: int
     headers: dict[str, bytes]
     consumed_at: datetime
+    #: How often a handler put this record aside (``Deferred``) before this try.
+    deferrals: int = 0
 
     @property
     def source(self) -> str:
@@ -270,6 +279,8 @@ class Context:
         self._metrics = metrics
         self._source: bytes | None = None
         self._pending: list[asyncio.Future[RecordMetadata]] = []
+        self._created = time.perf_counter()
+        self._clock = stages.clock()
 
     @property
     def topics(self) -> Topics:
@@ -282,6 +293,11 @@ class Context:
             self._source = self.record.source.encode()
         headers = [(tracing.HEADER, (traceparent or self.out_traceparent).encode()), (SOURCE_HEADER, self._source)]
         self._pending.append(await self.runtime.send(topic, event, key=key, headers=headers))
+        clock = self._clock
+        if clock is not None and topic not in (self.topics.tokens, self.topics.runs):
+            # The time to the event that carries the run on: a record's share of the critical path.
+            clock.since(f"{self.service}.to_send", self._created)
+            self._clock = None
         if self._metrics is not None:
             self._metrics.emitted(type(event)).inc()
 
@@ -342,7 +358,9 @@ class ServiceRunner:
         self._joined = asyncio.Event()
         self.consumer: AIOKafkaConsumer | None = None
         self.stats = {"processed": 0, "dead_lettered": 0, "duplicates": 0, "retries": 0, "outage_retries": 0,
-                      "routed": 0, "abandoned": 0}
+                      "routed": 0, "abandoned": 0, "deferred": 0}
+        #: Records put aside by their handler (``Deferred``), waiting to be handed over again, by partition.
+        self._deferred: dict[TopicPartition, set[asyncio.Task[None]]] = {}
         #: Dependencies being waited out now (readiness reports them).
         self.outages = Outages()
         #: How to tell whether a dependency answers (``database``: a trivial query), by name.
@@ -353,6 +371,8 @@ class ServiceRunner:
         self._paused: set[TopicPartition] = set()
         self._failure: BaseException | None = None
         self._tracing = runtime.tracing
+        #: Per-stage timings for ``bench/pipeline.py --breakdown`` (None unless AGENTSTREAM_STAGES_DIR is set).
+        self._stages = stages.clock()
         self._metrics: ServiceMetrics | None = (
             runtime.metrics.service(config.name, lambda: self.tracker.in_flight) if runtime.metrics else None)
 
@@ -383,6 +403,7 @@ class ServiceRunner:
         try:
             await self._fetch_loop()
         finally:
+            await self._cancel_deferred(set(self._deferred))
             await self._drain(set(self._tasks), cfg.shutdown_grace_s)
             committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -478,6 +499,9 @@ class ServiceRunner:
                 await self._handle(tp, record, value)
         except asyncio.CancelledError:
             raise
+        except Deferred as exc:
+            self._defer(tp, record, value, exc)
+            return
         except Abandoned as exc:
             # Not ours any more: neither done nor dead-lettered; the partition's new owner redoes it.
             self.stats["abandoned"] += 1
@@ -496,11 +520,19 @@ class ServiceRunner:
 
     async def _handle(self, tp: TopicPartition, record: Record, value: bytes | None) -> None:
         metrics = self._metrics
+        clock = self._stages
         started = time.perf_counter()
         queue_wait = time.time() - record.timestamp_ms / 1000
         if metrics is not None:
             metrics.queue_wait.observe(queue_wait if queue_wait > 0 else 0.0)
+        if clock is not None:
+            name = self.config.name
+            consumed = record.consumed_at.timestamp()
+            clock.add(f"{name}.deliver", consumed - record.timestamp_ms / 1000, at=consumed)
+            clock.add(f"{name}.queue", time.time() - consumed)
         event = await self._decode(tp, record, value)
+        if clock is not None:
+            clock.since(f"{self.config.name}.decode", started)
         if event is None:
             return
         if event.event_id in self.dedup:
@@ -534,11 +566,17 @@ class ServiceRunner:
                     if misrouted:
                         await self._route(record, value, event)
                     else:
+                        handling = time.perf_counter()
                         await self.handler(await self.runtime.redeem(event) if isinstance(event, ClaimCheck)
                                            else event, ctx)
+                        if clock is not None:
+                            clock.since(f"{self.config.name}.handle", handling)
+                            handling = time.perf_counter()
                         await ctx.flush()
+                        if clock is not None:
+                            clock.since(f"{self.config.name}.ack", handling)
                     break
-                except (asyncio.CancelledError, Abandoned):
+                except (asyncio.CancelledError, Abandoned, Deferred):
                     raise
                 except Exception as exc:
                     if metrics is not None:
@@ -580,6 +618,8 @@ class ServiceRunner:
                 span.end()
         if metrics is not None:
             metrics.handled(event_type).observe(time.perf_counter() - started)
+        if clock is not None:
+            clock.since(f"{self.config.name}.done", started)
         if not misrouted:  # the forwarded copy, if this member owns its partition too, is still to come
             self.dedup.add(event.event_id)
         self.stats["processed"] += 1
@@ -617,6 +657,34 @@ class ServiceRunner:
         finally:
             if outage is not None:
                 self._release(tp, outage)
+
+    def _defer(self, tp: TopicPartition, record: Record, value: bytes | None, deferred: Deferred) -> None:
+        """Put ``record`` aside (its handler raised ``Deferred``): it stays in flight, not done, so no offset
+        is committed past it, while its key's next records are handled; once ``deferred.ready`` resolves
+        (or its timeout passed) it is scheduled again, behind whatever its key has queued by then. A
+        revocation or shutdown cancels the wait: the partition's next owner gets the record again."""
+        self.stats["deferred"] += 1
+        log.info("%s: %s[%d]@%d put aside (%s)", self.config.name, record.topic, record.partition, record.offset,
+                 deferred)
+
+        async def later() -> None:
+            if deferred.ready is not None:
+                await asyncio.wait([deferred.ready], timeout=deferred.timeout_s)
+            else:
+                await asyncio.sleep(deferred.timeout_s)
+            self._schedule(tp, replace(record, deferrals=record.deferrals + 1), value)
+
+        waiting = self._deferred.setdefault(tp, set())
+        task = asyncio.create_task(later())
+        waiting.add(task)
+        task.add_done_callback(waiting.discard)
+
+    async def _cancel_deferred(self, tps: set[TopicPartition]) -> None:
+        tasks = [t for tp in tps for t in self._deferred.pop(tp, ())]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     def _hold(self, tp: TopicPartition, dependency: str, exc: BaseException) -> Outage:
         """A record of ``tp`` starts waiting for ``dependency``: readiness reports it, the partition is held."""
@@ -689,7 +757,10 @@ class ServiceRunner:
         if not offsets:
             return
         try:
+            committing = time.perf_counter()
             await self.consumer.commit(offsets)
+            if self._stages is not None:
+                self._stages.since(f"{self.config.name}.offset_commit", committing)
         except (CommitFailedError, KafkaError) as exc:
             # Retried on the next tick while the partitions stay assigned; if they move (a rebalance),
             # the next owner starts from the last committed offsets and drops what it has seen
@@ -710,6 +781,7 @@ class ServiceRunner:
             await asyncio.wait(pending)
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._cancel_deferred(revoked)
         await self._drain(revoked, self.config.shutdown_grace_s)
         await self._commit(revoked)
         self.tracker.forget(revoked)

@@ -33,6 +33,7 @@ from agentstream.streams.errors import Abandoned, AgentStreamError
 from agentstream.streams.events import Event, InferenceRequested
 from agentstream.streams.kinds import RunStatus, StepOutcome
 from agentstream.streams.outages import outage_of
+from agentstream.streams.telemetry import stages
 
 
 class RunColumns(TypedDict):
@@ -242,6 +243,8 @@ class TransitionStore:
 
     async def write(self, transition: Transition) -> None:
         """Commit one transition (batched with concurrent ones); raises ``VersionConflict``."""
+        clock = stages.clock()
+        started = time.perf_counter()
         pending = _Pending(transition)
         self._queue.append(pending)
         if self._active < self.flushers:
@@ -249,6 +252,8 @@ class TransitionStore:
             self._tasks.add(task := asyncio.create_task(self._flush()))
             task.add_done_callback(self._tasks.discard)
         await pending.done
+        if clock is not None:
+            clock.since("planner.history_write", started)
 
     async def _flush(self) -> None:
         try:
@@ -262,6 +267,9 @@ class TransitionStore:
             started = time.perf_counter()
             await self._settle(batch)
             self.stats["flush_s"] += time.perf_counter() - started
+            if (clock := stages.clock()) is not None:
+                clock.since("planner.history_batch", started)
+                clock.add("planner.history_batch_size", len(batch) / 1000)
 
     async def _settle(self, batch: list[_Pending]) -> None:
         """Write ``batch`` and resolve each caller. A batch PostgreSQL refuses for its data is split in

@@ -40,6 +40,7 @@ from aiokafka import TopicPartition
 from agentstream.services.planner import machine
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams import task_rules, tracing
+from agentstream.streams.errors import Deferred
 from agentstream.streams.events import (
     ApprovalDecided,
     Event,
@@ -70,6 +71,7 @@ from agentstream.streams.store import (
     TransitionStore,
     VersionConflict,
 )
+from agentstream.streams.telemetry import stages
 from agentstream.streams.tool_catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,9 @@ REQUEST_KINDS: dict[type[Event], PendingKind] = {
 REQUEST_TYPE_FOR = {InferenceCompleted: InferenceRequested, ToolCallCompleted: ToolCallRequested,
                     RetrievalCompleted: RetrievalRequested}
 SERVICE_FOR = {InferenceCompleted: "inference", ToolCallCompleted: "tools", RetrievalCompleted: "retrieval"}
+#: Requests without effects outside their run (a model call, a search), published while their transition
+#: is recorded. A tool call may act on the world, and an outcome is final: both wait for the record.
+EARLY: frozenset[type[Event]] = frozenset({InferenceRequested, RetrievalRequested})
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_RUN_S = 3600.0
 PRUNE_INTERVAL_S = 3600.0
@@ -118,6 +123,8 @@ class Planner:
         self._sweeping: set[str] = set()
         self._redriven: dict[str, float] = {}
         self.stats = {"redriven": 0, "expired": 0, "rechecked": 0, "fenced": 0, "rejected": 0}
+        #: Runs with results put aside (``_wait_for_request``): resolved by the run's next transition.
+        self._advanced: dict[str, asyncio.Future[None]] = {}
         self._taking_over: asyncio.Task | None = None
 
     def service(self, *, concurrency: int = 64, **overrides) -> ServiceRunner:
@@ -155,8 +162,11 @@ class Planner:
         """A new run. Its row is inserted without looking first: a run id that exists makes the
         insert conflict, which costs a query only on the rare redelivery instead of on every task."""
         now = datetime.now(UTC)
+        checking = time.perf_counter()
         problem = await self._task_problem(task, now)
         tools = await self.tools.describe(task.tools) if problem is None else []
+        if (clock := stages.clock()) is not None:
+            clock.since("planner.task_checks", checking)
         state = machine.start(task, tools, now, self.max_run)
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
@@ -170,7 +180,7 @@ class Planner:
                          ctx: Context) -> None:
         state = await self._load(result.run_id)
         if state is not None and _ahead_of(state, result):
-            # The cache has not seen this step requested: it is older than the database (belt and
+            # The cache has not seen this step requested: it may be older than the database (belt and
             # braces: leases and co-partitioned assignment should make this impossible).
             self.stats["rechecked"] += 1
             self.cache.pop(result.run_id, None)
@@ -179,6 +189,8 @@ class Planner:
                 log.warning("planner: cached state of %s was stale (v%d, database v%d); re-checked", result.run_id,
                             state.version, fresher.version)
             state = fresher
+        if state is None or _ahead_of(state, result):
+            self._wait_for_request(result, ctx)
         new = None
         if state is None:
             log.warning("planner: %s for unknown run %s dropped", type(result).__name__, result.run_id)
@@ -188,6 +200,21 @@ class Planner:
         elif machine.is_pending_result(state, result):
             new = machine.advance(state, result, datetime.now(UTC))
         await self._transition(state, new, ctx, result)
+
+    def _wait_for_request(self, result: Event, ctx: Context) -> None:
+        """``result`` answers a step the run's recorded state has not requested (or a run not recorded):
+        a model or retrieval request goes out while its transition is being recorded (``EARLY``), so a
+        planner that died in between left the request published and the transition to be redone by
+        this one, from the record that caused it — which is still uncommitted, so it comes here too,
+        maybe after this result. Put the result aside until the run's next transition (once); a result
+        still ahead after that is dropped."""
+        if ctx.record.deferrals > 0 or not _is_step_of(result):
+            return
+        waiter = self._advanced.get(result.run_id)
+        if waiter is None or waiter.done():
+            waiter = self._advanced[result.run_id] = asyncio.get_running_loop().create_future()
+        raise Deferred(f"{type(result).__name__} {result.step_id} answers a step the run has not recorded yet",
+                       ready=waiter, timeout_s=self.step_timeout_s)
 
     async def _on_cancel(self, request: RunCancelRequested, ctx: Context) -> None:
         state = await self._load(request.run_id)
@@ -211,6 +238,14 @@ class Planner:
             return
         new = replace(new, last_event_id=consumed.event_id)
         outputs = machine.outputs(new, self.runtime.topics)
+        # A model or retrieval request has no effect outside its run: it goes out now, while the
+        # transition is recorded, instead of after (the record is done once both are durable). A
+        # result that comes back before the transition is recorded waits in the run's queue; after a
+        # crash in between, for the transition to be redone (``_wait_for_request``).
+        early = [(t, e) for t, e in outputs if type(e) in EARLY]
+        later = [(t, e) for t, e in outputs if type(e) not in EARLY] if early else outputs
+        if early:
+            await self._publish(early, new, ctx)
         try:
             await self._commit(old, new, outputs, ctx, consumed=consumed)
         except TransitionRejected as exc:
@@ -222,9 +257,9 @@ class Planner:
             new = replace(machine.fail(base, datetime.now(UTC), "internal_error",
                                        f"the run's next state could not be recorded: {exc}"),
                           last_event_id=consumed.event_id)
-            outputs = machine.outputs(new, self.runtime.topics)
-            await self._commit(old, new, outputs, ctx, consumed=consumed)
-        await self._publish(outputs, new, ctx)
+            later = machine.outputs(new, self.runtime.topics)
+            await self._commit(old, new, later, ctx, consumed=consumed)
+        await self._publish(later, new, ctx)
 
     async def _task_problem(self, task: TaskSubmitted, now: datetime) -> str | None:
         """Submit refuses bad tasks; the same rules (streams/task_rules.py) guard against tasks published
@@ -323,6 +358,9 @@ class Planner:
             self.cache.pop(new.run_id, None)  # reload from the database on the retry
             raise
         self._remember(new)
+        waiter = self._advanced.pop(new.run_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # results put aside for this run are handled again
 
     async def _publish(self, outputs: list[tuple[str, Event]], state: RunState, ctx: Context | None) -> None:
         await self._check_lease(state.run_id)
@@ -522,14 +560,26 @@ class Planner:
         await wait_out(lambda: self._publish(outputs, state, None), f"publishing {state.run_id}")
 
 
-def _ahead_of(state: RunState, result: Event) -> bool:
-    """True when ``result`` answers a step of the run that ``state`` has not requested yet — so
-    ``state`` is older than what was recorded. Steps are ``{run_id}:{index}:{kind}``."""
-    if "/" in result.step_id or not result.step_id.startswith(state.run_id + ":"):
-        return False  # a tool's own sub-request (services/tools: RetrievalWaiter), or not a step id
+def _step_index(result: Event) -> int | None:
+    """The index of the run's step ``result`` answers (steps are ``{run_id}:{index}:{kind}``), or None
+    for anything else: a tool's own sub-request (services/tools: RetrievalWaiter), a foreign id."""
+    if "/" in result.step_id or not result.step_id.startswith(result.run_id + ":"):
+        return None
     _run, _, rest = result.step_id.rpartition(":")
     index = _run.rpartition(":")[2]
-    return index.isdigit() and int(index) >= state.step_index and rest in ("model", "tool", "retrieval")
+    return int(index) if index.isdigit() and rest in ("model", "tool", "retrieval") else None
+
+
+def _ahead_of(state: RunState, result: Event) -> bool:
+    """True when ``result`` answers a step of the run that ``state`` has not requested yet — so
+    ``state`` is older than what was recorded, or what is being recorded."""
+    index = _step_index(result)
+    return index is not None and index >= state.step_index
+
+
+def _is_step_of(result: Event) -> bool:
+    """``result`` answers one of its run's steps or its prefetch (what the planner requests)."""
+    return _step_index(result) is not None or result.step_id == machine.prefetch_step(result.run_id)
 
 
 def _source(ctx: Context, result: Event) -> SourceUpdate | None:

@@ -53,6 +53,7 @@ from agentstream.streams.events import (
 from agentstream.streams.outages import DATABASE, outage_of
 from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 from agentstream.streams.store import pg_text, to_json
+from agentstream.streams.telemetry import stages
 
 log = logging.getLogger(__name__)
 SERVICE = "tools"
@@ -110,7 +111,11 @@ class ToolService:
             await self._reply(ctx, event, started, Outcome(0, error=f"invalid arguments: {exc}",
                                                            error_kind="invalid_arguments"))
             return
+        clock = stages.clock()
+        claiming = time.perf_counter()
         previous = await self._claim(event, arguments)
+        if clock is not None:
+            clock.since("tools.claim", claiming)
         unrecorded = self._unrecorded.get(event.step_id)
         stopped = self._stopped.get(event.step_id)
         if previous is not None and unrecorded is None and stopped is None:
@@ -134,7 +139,10 @@ class ToolService:
             outcome = unrecorded or await self._execute(tool, arguments, event, first)
         self._stopped.pop(event.step_id, None)
         self._unrecorded[event.step_id] = outcome
+        finishing = time.perf_counter()
         await self._finish(event, outcome)
+        if clock is not None:
+            clock.since("tools.finish", finishing)
         del self._unrecorded[event.step_id]
         await self._reply(ctx, event, started, outcome)
         if outcome.error_kind == RETRIES_EXHAUSTED:
