@@ -30,7 +30,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -38,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 from aiokafka import TopicPartition
 
 from agentstream.services.planner import machine
+from agentstream.services.planner.cache import RunCache
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams import task_rules, tracing
 from agentstream.streams.errors import Deferred
@@ -103,8 +103,7 @@ class Planner:
         self.runtime = runtime
         self.store = store
         self.tools = tools
-        self.cache: OrderedDict[str, RunState] = OrderedDict()
-        self.cache_size = cache_size
+        self.cache = RunCache(cache_size)
         self.deadline_tick_s = deadline_tick_s
         self.step_timeout_s = step_timeout_s
         self.max_run = timedelta(seconds=max_run_s)
@@ -183,7 +182,7 @@ class Planner:
             # The cache has not seen this step requested: it may be older than the database (belt and
             # braces: leases and co-partitioned assignment should make this impossible).
             self.stats["rechecked"] += 1
-            self.cache.pop(result.run_id, None)
+            self.cache.pop(result.run_id)
             fresher = await self._load(result.run_id)
             if fresher is not None and fresher.version != state.version:
                 log.warning("planner: cached state of %s was stale (v%d, database v%d); re-checked", result.run_id,
@@ -280,20 +279,13 @@ class Planner:
     async def _load(self, run_id: str) -> RunState | None:
         state = self.cache.get(run_id)
         if state is not None:
-            self.cache.move_to_end(run_id)
             return state
         raw = await self.store.load_state(run_id)
         if raw is None:
             return None
         state = RunState.from_json(raw)
-        self._remember(state)
+        self.cache.remember(state)
         return state
-
-    def _remember(self, state: RunState) -> None:
-        self.cache[state.run_id] = state
-        self.cache.move_to_end(state.run_id)
-        while len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
 
     async def _commit(self, old: RunState | None, new: RunState, outputs: list[tuple[str, Event]],
                       ctx: Context | None, consumed: Event | None) -> None:
@@ -355,9 +347,9 @@ class Planner:
             self._lose(lease.partition)
             raise
         except Exception:
-            self.cache.pop(new.run_id, None)  # reload from the database on the retry
+            self.cache.pop(new.run_id)  # reload from the database on the retry
             raise
-        self._remember(new)
+        self.cache.remember(new)
         waiter = self._advanced.pop(new.run_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)  # results put aside for this run are handled again
@@ -410,8 +402,7 @@ class Planner:
 
     def _forget_cached(self, which) -> None:
         partition_for = self.runtime.topics.partition_for
-        for run_id in [r for r in self.cache if which(partition_for(r))]:
-            del self.cache[run_id]
+        self.cache.forget(lambda run_id: which(partition_for(run_id)))
 
     async def _take_over(self, leases: dict[int, asyncio.Future[Lease]]) -> None:
         """Lease the partitions (retrying through a database outage), then load their active runs, so
@@ -441,7 +432,7 @@ class Planner:
         for raw in states:
             state = RunState.from_json(raw)
             if topics.partition_for(state.run_id) in fresh and state.run_id not in self.cache:
-                self._remember(state)
+                self.cache.remember(state)
         for partition, lease in fresh.items():
             if not leases[partition].done():  # (cancelled: revoked meanwhile)
                 leases[partition].set_result(lease)
@@ -483,8 +474,8 @@ class Planner:
                 self._suspect.update(self.leases)
             self._last_tick = tick
             now = datetime.now(UTC)
-            for state in list(self.cache.values()):
-                if not state.terminal and self._due(state, now):
+            for state in self.cache.active():
+                if self._due(state, now):
                     self._sweep(state.run_id)
             if tick >= next_sweep:
                 next_sweep = tick + self.sweep_interval_s
