@@ -7,16 +7,22 @@ error result at once; documents, as after ``make demo``: an embedding and a sear
 bench/prefetch.py measures it. Workers run as separate processes (`agentstream worker
 ...`, on their own topic prefix) on the stack `agentstream dev up` started (started here if needed).
 
-Reports:
-- steps/s: completed steps over the wall time from the first submit to the last outcome, with
-  ``--concurrency`` runs in flight;
+Each concurrency in ``--concurrency`` (default ``1,50``) is measured in turn on the same workers: 300
+runs one at a time (``--sequential-runs``), 1,000 (``--runs``) at each higher concurrency. Reports, per
+concurrency:
+- steps/s: completed steps over the wall time from the first submit to the last outcome;
+- run latency p50/p99 (submit → outcome, as the client sees it), and CPU per step of the workers, the
+  broker and PostgreSQL (its backends included), from /proc;
 - per-hop latency p50/p99: for every event a service consumed, from the Kafka record's timestamp
   (stamped by the producer when it sends the event) to the moment the next service took it
   (both recorded in PostgreSQL); also shown, from the event's own created_at (which for the
   planner's requests is the start of the transition, so it includes the history write);
-- overhead per step: the unloaded time per step of a run through the pipeline minus the time per step
-  of the same agent loop (planner state machine, scripted model, calculator) run in-process without
-  Kafka or PostgreSQL.
+- overhead per step: run p50 / 3 minus the time per step of the same agent loop (planner state machine,
+  scripted model, calculator) run in-process without Kafka or PostgreSQL.
+``--json``'s last line has the issue-15 figures at the top (``overhead_per_step_ms`` and ``hop_p50_ms``
+of the lowest concurrency; ``steps_per_s``, ``run_p99_ms`` and ``cpu_ms_per_step`` of the highest), each
+level's in ``levels``, and the earlier keys. ``--breakdown``: the time of every stage of every record,
+per process (``streams/telemetry/stages.py``), summed per step, and CPU per process.
 
 Telemetry (``--telemetry on``, the default): every worker serves Prometheus metrics (its own port,
 scraped every 5 s by this script, as Prometheus would) and traces every run (``--trace-sample``, default
@@ -24,8 +30,9 @@ scraped every 5 s by this script, as Prometheus would) and traces every run (``-
 ``OTEL_EXPORTER_OTLP_ENDPOINT``); the submitting client starts each run's root span. ``--telemetry off``:
 no metrics endpoint and no spans (the traceparent header is still carried).
 
-    .venv/bin/python bench/pipeline.py [--runs 1500] [--concurrency 20] [--layout split]
-                                       [--telemetry on|off|metrics|tracing] [--trace-mode file|otlp] [--trace-sample 1.0] [--json]
+    .venv/bin/python bench/pipeline.py [--concurrency 1,50] [--runs 1000] [--sequential-runs 300]
+                                       [--layout split] [--telemetry on|off|metrics|tracing] [--trace-mode file|otlp]
+                                       [--trace-sample 1.0] [--breakdown] [--json]
 """
 
 from __future__ import annotations

@@ -204,8 +204,10 @@ class Runtime:
             value = await self._claim_check(event, value)
         clock = stages.clock()
         sent = time.perf_counter()
-        future = await self.producer.send(topic, value,
-                                          key=(key if key is not None else event.run_id).encode(), headers=hdrs)
+        # Rounded, not truncated (aiokafka's default): the record timestamp is where hop latencies are
+        # measured from, and truncating to the millisecond made every hop look 0.5 ms longer on average.
+        future = await self.producer.send(topic, value, key=(key if key is not None else event.run_id).encode(),
+                                          headers=hdrs, timestamp_ms=round(time.time() * 1000))
         if clock is not None:
             future.add_done_callback(lambda _f: clock.since("produce", sent))
         tr = self.tracing

@@ -1,0 +1,89 @@
+"""The floor under every hop: one aiokafka producer and one consumer, nothing else, on the stack's broker.
+
+A record is produced (``acks=all``, idempotent, ``linger_ms=0``, as the services do) and the same
+process waits until its consumer (``read_committed``, as the services) has it; one at a time, with a
+pause between, like a run at concurrency 1. What a pipeline hop costs above this is agentstream's;
+this much is the client library's and the broker's on this machine. ``--topics 5 --partitions 8``
+subscribes the consumer to as many partitions as the planner reads (aiokafka has no incremental fetch
+sessions, KIP-227: every fetch names every partition, and every response lists them all).
+
+    .venv/bin/python bench/kafka_hop.py [--topics 1] [--partitions 1] [--records 300] [--rounds 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from agentstream.devstack.stack import DevStack
+
+
+async def one_round(bootstrap: str, records: int, topics: int, partitions: int) -> tuple[float, float]:
+    """Median (hop, produce acknowledgement) in ms over ``records`` records on new topics, sent round the
+    topics and partitions in turn."""
+    names = [f"hop-{uuid.uuid4().hex[:8]}" for _ in range(topics)]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0)
+    consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, group_id=names[0],
+                                auto_offset_reset="earliest", isolation_level="read_committed",
+                                enable_auto_commit=False, fetch_max_wait_ms=100)
+    await producer.start()
+    await consumer.start()
+    try:
+        while not consumer.assignment():  # joined: the first fetch goes out
+            await consumer.getmany(timeout_ms=100)
+        hops, acks = [], []
+        for i in range(records + 20):
+            t0 = time.perf_counter()
+            acked = await producer.send(names[i % topics], b"x" * 300, partition=i % partitions)
+            while not await consumer.getmany(timeout_ms=1000):
+                pass
+            t1 = time.perf_counter()
+            await acked
+            if i >= 20:  # the first ones warm the connections up
+                hops.append((t1 - t0) * 1000)
+                acks.append((time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(0.005)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+        await admin.delete_topics(names)
+        await admin.close()
+    return statistics.median(hops), statistics.median(acks)
+
+
+async def main(bootstrap: str, records: int, rounds: int, topics: int, partitions: int) -> dict:
+    results = [await one_round(bootstrap, records, topics, partitions) for _ in range(rounds)]
+    return {"hop_p50_ms": [round(h, 3) for h, _ in results], "ack_p50_ms": [round(a, 3) for _, a in results],
+            "records": records, "topics": topics, "partitions": partitions}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topics", type=int, default=1, help="topics the consumer reads")
+    parser.add_argument("--partitions", type=int, default=1, help="partitions per topic")
+    parser.add_argument("--records", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    bootstrap = DevStack().up().kafka
+    try:
+        import uvloop  # as the workers run
+        uvloop.install()
+    except ImportError:
+        pass
+    out = asyncio.run(main(bootstrap, args.records, args.rounds, args.topics, args.partitions))
+    print(f"bare aiokafka hop, consumer on {args.topics} x {args.partitions} partitions (produce → consumer has "
+          f"it), median per round: {out['hop_p50_ms']} ms; "
+          f"produce acknowledged: {out['ack_p50_ms']} ms")
+    if args.json:
+        print(json.dumps(out))
