@@ -197,7 +197,7 @@ class FakeProducer:
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                    partition: int | None = None, headers: list[tuple[str, bytes]] | None = None,
-                   ) -> asyncio.Future:
+                   timestamp_ms: int | None = None) -> asyncio.Future:
         if self.kafka.send_error is not None:
             raise self.kafka.send_error
         ack: asyncio.Future = asyncio.get_running_loop().create_future()
