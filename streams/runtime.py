@@ -203,7 +203,7 @@ class Runtime:
         if len(value) > self.settings.max_event_bytes:
             value = await self._claim_check(event, value)
         clock = stages.clock()
-        sent = time.perf_counter()
+        sent = time.perf_counter() if clock is not None else 0.0
         # Rounded, not truncated (aiokafka's default): the record timestamp is where hop latencies are
         # measured from, and truncating to the millisecond made every hop look 0.5 ms longer on average.
         future = await self.producer.send(topic, value, key=(key if key is not None else event.run_id).encode(),
@@ -281,8 +281,8 @@ class Context:
         self._metrics = metrics
         self._source: bytes | None = None
         self._pending: list[asyncio.Future[RecordMetadata]] = []
-        self._created = time.perf_counter()
         self._clock = stages.clock()
+        self._created = time.perf_counter() if self._clock is not None else 0.0
 
     @property
     def topics(self) -> Topics:
