@@ -32,12 +32,14 @@ T = TypeVar("T")
 def dev_up(
     kafka_port: int = typer.Option(None, help="Broker port on 127.0.0.1 (controller: the next port)."),
     pg_port: int = typer.Option(None, help="PostgreSQL port on 127.0.0.1."),
+    brokers: int = typer.Option(None, min=1, help="Kafka nodes: 1 (the default), or a cluster (3: every topic "
+                                                 "has 3 replicas, writes need 2), on ports N, N+2, N+4."),
 ) -> None:
     """Start Kafka and PostgreSQL (if not running), apply migrations, print where they listen."""
     from agentstream.devstack.stack import DevStack
 
     with console.status("starting Kafka and PostgreSQL…"):
-        status = DevStack().up(kafka_port=kafka_port, pg_port=pg_port)
+        status = DevStack().up(kafka_port=kafka_port, pg_port=pg_port, brokers=brokers)
     console.print(f"[green]stack is up[/green]\n  KAFKA_BOOTSTRAP_SERVERS={status.kafka}\n"
                   f"  DATABASE_URL={status.database_url}")
 
@@ -65,7 +67,11 @@ def dev_status(as_json: bool = typer.Option(False, "--json", help="Print one JSO
         table.add_column("address")
         table.add_column("running")
         table.add_column("pid")
-        table.add_row("kafka", status.kafka, _yes(status.kafka_running), str(status.kafka_pid or "-"))
+        if len(status.brokers) > 1:
+            for broker in status.brokers:
+                table.add_row(f"kafka {broker.node_id}", broker.address, _yes(broker.running), str(broker.pid or "-"))
+        else:
+            table.add_row("kafka", status.kafka, _yes(status.kafka_running), str(status.kafka_pid or "-"))
         table.add_row("postgres", status.database_url, _yes(status.postgres_running),
                       str(status.postgres_pid or "-"))
         console.print(table)

@@ -241,7 +241,7 @@ async def model_ready(port: int, timeout_s: float = READY_TIMEOUT_S) -> None:
             await asyncio.sleep(0.2)
 
 
-async def groups_ready(bootstrap: str, expected: dict[str, int], sup: Supervisor) -> None:
+async def groups_ready(bootstrap: str, expected: dict[str, int], sup: Supervisor | None = None) -> None:
     """Until each consumer group is stable with the expected number of members."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -257,8 +257,8 @@ async def groups_ready(bootstrap: str, expected: dict[str, int], sup: Supervisor
             if all(members.get(g, 0) >= n for g, n in expected.items()):
                 return
             if time.monotonic() > deadline:
-                raise SuiteError(f"consumer groups not ready: {members} (want {expected}); "
-                                 f"exits so far: {[(e.name, e.returncode) for e in sup.exits]}")
+                exits = [(e.name, e.returncode) for e in sup.exits] if sup is not None else "-"
+                raise SuiteError(f"consumer groups not ready: {members} (want {expected}); exits so far: {exits}")
             await asyncio.sleep(0.5)
     finally:
         await admin.close()

@@ -213,7 +213,7 @@ def main() -> None:
     status = DevStack().up()
     settings = replace(Settings.load(), kafka_bootstrap=status.kafka, database_url=status.database_url,
                        topic_prefix=f"benchinf{uuid.uuid4().hex[:6]}.")
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = Topics.of(settings)
     asyncio.run(ensure_topics(settings.kafka_bootstrap, topics.specs()))
     worker = start_worker(settings, args.threads)
     try:

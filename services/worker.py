@@ -98,7 +98,7 @@ async def prepare(settings: Settings) -> None:
     the broker or the database is down, or restarting, waits and says so in /readyz instead of
     crash-looping). Every worker does this on start; ``agentstream migrate`` (the deploy's migration Job)
     does only this."""
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = Topics.of(settings)
     await wait_out(lambda: ensure_topics(settings.kafka_bootstrap, topics.specs()), "creating topics")
     await wait_out(lambda: wait_for_group_coordinator(settings.kafka_bootstrap), "finding the group coordinator")
     await wait_out(lambda: migrations.migrate(settings.database_url), "applying migrations")

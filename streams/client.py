@@ -246,7 +246,8 @@ class AgentClient:
         about to submit many runs at once calls it first, so no outcome can slip past a waiter."""
         if self._watcher is None:
             self._watcher = OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
-                                           self.settings.partitions, self.runtime.codec, self._resolve)
+                                           self.settings.partitions, self.runtime.codec, self._resolve,
+                                           request_timeout_ms=self.settings.kafka_request_timeout_ms)
             await self._watcher.start()
 
     def _future(self, run_id: str) -> asyncio.Future[RunResult]:

@@ -71,6 +71,10 @@ class Settings:
     topic_prefix: str = ""
     #: Partitions of each run-keyed topic (the planner's inputs must agree, so it is one number).
     partitions: int = 8
+    #: Replicas of each topic agentstream creates; with more than one, a write (``acks=all``) needs all
+    #: but one in sync (``min.insync.replicas``). The local stack records its cluster's (3 with
+    #: ``agentstream dev up --brokers 3``); ``AGENTSTREAM_REPLICATION_FACTOR`` sets it for a cluster of one's own.
+    replication_factor: int = 1
     #: A Confluent-compatible schema registry; None means the local registry built from schemas/.
     schema_registry_url: str | None = None
     #: The ``*.avsc`` files this process writes with (default: the ones shipped in the package). For
@@ -79,6 +83,12 @@ class Settings:
     schemas_dir: Path | None = None
     #: How long the group waits for a silent member (a killed worker) before moving its partitions.
     session_timeout_ms: int = 10_000
+    #: How long a Kafka request may go unanswered before the client gives up on that connection and
+    #: looks for the partition's leader again (producers, service consumers, the client's outcome
+    #: watcher). A broker that hangs (host frozen, network partition) answers nothing and resets
+    #: nothing: until this expires, what was sent to it waits, even after its partitions moved
+    #: (bench/broker_failure.py, docs/operations.md). aiokafka's defaults are 30 s / 40 s.
+    kafka_request_timeout_ms: int = 10_000
     #: How long a service consumer's fetch waits for new records. aiokafka keeps one fetch in flight per
     #: broker, and a partition just drained waits for it to return: this bounds that wait (a hop's tail
     #: latency) against idle fetch requests (docs/benchmarks.md).
@@ -114,10 +124,13 @@ class Settings:
             paths=paths,
             topic_prefix=os.environ.get("AGENTSTREAM_TOPIC_PREFIX", ""),
             partitions=_positive_int("AGENTSTREAM_PARTITIONS", 8),
+            replication_factor=_positive_int("AGENTSTREAM_REPLICATION_FACTOR",
+                                             1 if env_kafka else min(3, int(recorded.get("kafka_brokers") or 1))),
             schema_registry_url=os.environ.get("AGENTSTREAM_SCHEMA_REGISTRY_URL") or None,
             schemas_dir=_directory("AGENTSTREAM_SCHEMAS_DIR"),
             session_timeout_ms=_positive_int("AGENTSTREAM_SESSION_TIMEOUT_MS", 10_000),
             fetch_max_wait_ms=_positive_int("AGENTSTREAM_FETCH_MAX_WAIT_MS", 100),
+            kafka_request_timeout_ms=_positive_int("AGENTSTREAM_KAFKA_REQUEST_TIMEOUT_MS", 10_000),
             max_event_bytes=_positive_int("AGENTSTREAM_MAX_EVENT_BYTES", 512 * 1024),
             step_timeout_s=_positive_float("AGENTSTREAM_STEP_TIMEOUT_S", 60.0),
             max_run_s=_positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),

@@ -49,13 +49,14 @@ class OutcomeWatcher:
     """Calls ``on_outcome`` with every run outcome published after ``start()`` returned."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, codec: Codec,
-                 on_outcome: Callable[[RunResult], None]) -> None:
+                 on_outcome: Callable[[RunResult], None], *, request_timeout_ms: int = 10_000) -> None:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec
         self.on_outcome = on_outcome
         self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                         isolation_level="read_committed", fetch_max_wait_ms=100)
+                                         isolation_level="read_committed", fetch_max_wait_ms=100,
+                                         request_timeout_ms=request_timeout_ms)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

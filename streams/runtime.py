@@ -156,10 +156,10 @@ class Runtime:
         self.tracing: Tracing | None = (_process_tracing(settings) if isinstance(tracing, _Default)
                                         else tracing)
         self.metrics = metrics
-        self.topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+        self.topics = Topics.of(settings)
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=linger_ms, request_timeout_ms=30_000,
+            linger_ms=linger_ms, request_timeout_ms=settings.kafka_request_timeout_ms,
         )
         self._started = False
         #: Where events over ``settings.max_event_bytes`` go (a worker sets it; clients have none).
@@ -398,6 +398,7 @@ class ServiceRunner:
             max_poll_records=cfg.max_poll_records, session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms, fetch_max_wait_ms=cfg.fetch_max_wait_ms,
             client_id=f"agentstream-{cfg.name}", partition_assignment_strategy=(copartitioned(),),
+            request_timeout_ms=self.runtime.settings.kafka_request_timeout_ms,
         )
         await self.consumer.start()
         self.consumer.subscribe(list(cfg.topics), listener=_Listener(self))

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
@@ -23,6 +23,9 @@ from aiokafka.errors import CoordinatorNotAvailableError, InvalidPartitionsError
 from aiokafka.partitioner import murmur2
 
 from agentstream.streams.errors import AgentStreamError
+
+if TYPE_CHECKING:
+    from agentstream.streams.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,12 @@ class Topics:
     prefix: str = ""
     partitions: int = 8
     replication_factor: int = 1
+
+    @classmethod
+    def of(cls, settings: Settings) -> Topics:
+        """The topics ``settings`` name: their prefix, partitions and replication."""
+        return cls(prefix=settings.topic_prefix, partitions=settings.partitions,
+                   replication_factor=settings.replication_factor)
 
     def _t(self, name: str) -> str:
         return f"{self.prefix}agent.{name}"
@@ -160,11 +169,13 @@ class Topics:
                 "delete.retention.ms": str(DAY_MS),
             }),
         ]
-        specs = [TopicSpec(name, n, rf, configs) for name, configs in run_keyed]
-        specs.append(TopicSpec(self.dlq, 1, rf, _retention(30)))
-        specs.append(TopicSpec(self.alerts, 1, rf, _retention(30)))  # few, and in one order
-        specs.append(TopicSpec(self.tools, 1, rf, {"cleanup.policy": "compact"}))  # read whole, from the start
-        specs.append(TopicSpec(self.schemas, 1, rf, {"cleanup.policy": "compact"}))  # likewise
+        # Replicated: a write (acks=all) needs all replicas but one, so one broker may be down.
+        isr = {"min.insync.replicas": str(rf - 1)} if rf > 1 else {}
+        specs = [TopicSpec(name, n, rf, {**configs, **isr}) for name, configs in run_keyed]
+        specs.append(TopicSpec(self.dlq, 1, rf, {**_retention(30), **isr}))
+        specs.append(TopicSpec(self.alerts, 1, rf, {**_retention(30), **isr}))  # few, and in one order
+        specs.append(TopicSpec(self.tools, 1, rf, {"cleanup.policy": "compact", **isr}))  # read whole, from the start
+        specs.append(TopicSpec(self.schemas, 1, rf, {"cleanup.policy": "compact", **isr}))  # likewise
         return specs
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import string
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -55,7 +56,8 @@ def _broker_env_from_template(port: int) -> dict[str, str]:
     skip = ("listeners", "advertised.listeners", "controller.quorum.voters", "log.dirs",
             "listener.security.protocol.map", "controller.listener.names", "inter.broker.listener.name")
     env = {}
-    template = (StackPaths.from_env().infra_dir / "kafka" / "server.properties.in").read_text()
+    template = string.Template((StackPaths.from_env().infra_dir / "kafka" / "server.properties.in").read_text()
+                               ).safe_substitute(node_id="1", replication="1", min_isr="1")
     for line in template.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):

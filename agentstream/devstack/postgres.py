@@ -55,6 +55,10 @@ class PostgresLauncher:
     port: int
     database: str
     run_as: process.RunAs | None
+    #: The address it listens on. Anything but loopback (a test host made from a network namespace,
+    #: bench/regions.py) also gets a trust rule for that address's /24 in pg_hba.conf: a development
+    #: server on a private test network, never a public one.
+    host: str = "127.0.0.1"
 
     @property
     def data_dir(self) -> Path:
@@ -66,7 +70,7 @@ class PostgresLauncher:
 
     @property
     def url(self) -> str:
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{self.database}"
+        return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{self.database}"
 
     def bin_dir(self) -> Path:
         """The binaries, copied to a world-readable cache when we run them as another account that
@@ -113,9 +117,9 @@ class PostgresLauncher:
     def preflight(self) -> None:
         """Fail before anything starts: the bundled binaries exist and the port is free."""
         bundled_bin_dir()
-        if process.port_in_use("127.0.0.1", self.port):
+        if process.port_in_use(self.host, self.port):
             raise StackError(
-                f"port {self.port} on 127.0.0.1 is taken, so PostgreSQL cannot listen there; stop what "
+                f"port {self.port} on {self.host} is taken, so PostgreSQL cannot listen there; stop what "
                 "holds it or choose another port (agentstream dev up --pg-port N)"
             )
 
@@ -134,7 +138,9 @@ class PostgresLauncher:
         shutil.copyfile(self.infra_dir / "postgres" / "postgresql.conf", self.data_dir / "agentstream.conf")
         if self.run_as is not None:
             self.run_as.chown(self.data_dir / "agentstream.conf")
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.work_dir}"
+        if self.host != "127.0.0.1":
+            self._trust_network()
+        options = f"-h {self.host} -p {self.port} -k {self.work_dir}"
         process.run([str(bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file),
                      "-w", "-t", str(int(timeout)), "-o", options, "start"],
                     run_as=self.run_as, cwd=self.work_dir, timeout=timeout + 10)
@@ -144,8 +150,16 @@ class PostgresLauncher:
         self._create_database(bin_dir)
         return postmaster
 
+    def _trust_network(self) -> None:
+        network = ".".join(self.host.split(".")[:3]) + ".0/24"
+        hba = self.data_dir / "pg_hba.conf"
+        rule = f"host all all {network} trust"
+        if rule not in hba.read_text():
+            with open(hba, "a") as f:
+                f.write(f"\n# agentstream: a test network (PostgresLauncher.host)\n{rule}\n")
+
     def _create_database(self, bin_dir: Path) -> None:
-        psql = [str(bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER,
+        psql = [str(bin_dir / "psql"), "-h", self.host, "-p", str(self.port), "-U", SUPERUSER,
                 "-d", "postgres", "-tAq", "-v", "ON_ERROR_STOP=1"]
         deadline = time.monotonic() + 15
         while True:

@@ -16,6 +16,10 @@ environment (``KAFKA_BOOTSTRAP_SERVERS`` may name another cluster), and it keeps
     await stack.kill_kafka()      # SIGKILL, no clean shutdown
     await stack.start_kafka()
     await stack.close()
+
+``PrivateStack(state_dir, brokers=3)`` runs a three-node cluster (``KafkaCluster``, as ``agentstream dev
+up --brokers 3``); ``kill_kafka(node=2)``, ``stop_kafka(node=2)`` (a clean shutdown) and
+``start_kafka()`` (whichever nodes are down) then act on single nodes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import signal
 from pathlib import Path
 
 from agentstream.devstack import process
-from agentstream.devstack.kafka import KafkaLauncher
+from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.streams import migrations
 from agentstream.streams.config import (
@@ -44,14 +48,16 @@ from agentstream.streams.errors import StackError
 _SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})
 
 
-def free_kafka_port() -> int:
-    """A free port whose successor is free too (Kafka's controller listens on port + 1)."""
+def free_kafka_port(nodes: int = 1) -> int:
+    """A free port followed by ``2 * nodes - 1`` free ones (each node's controller listens on the port
+    after its broker's; node n's broker on ``port + 2(n-1)``)."""
     for _ in range(50):
         port = process.free_port()
-        if (port + 1 < 65536 and not process.port_in_use("127.0.0.1", port + 1)
-                and not {port, port + 1} & _SHARED_PORTS):
+        ports = set(range(port, port + 2 * nodes))
+        if (port + 2 * nodes <= 65536 and not any(process.port_in_use("127.0.0.1", p) for p in ports - {port})
+                and not ports & _SHARED_PORTS):
             return port
-    raise StackError("no two consecutive free ports for Kafka")
+    raise StackError(f"no {2 * nodes} consecutive free ports for Kafka")
 
 
 def _free_port() -> int:
@@ -65,20 +71,21 @@ def _free_port() -> int:
 class PrivateStack:
     """Kafka and PostgreSQL in ``state_dir`` on free ports (see the module docstring)."""
 
-    def __init__(self, state_dir: Path, *, broker_overrides: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, *, brokers: int = 1, broker_overrides: dict[str, str] | None = None) -> None:
         defaults = StackPaths.from_env()
         self.paths = StackPaths(cache_dir=defaults.cache_dir, state_dir=state_dir, infra_dir=defaults.infra_dir)
-        port = free_kafka_port()
-        self.kafka = KafkaLauncher(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
-                                   work_dir=state_dir / "kafka", port=port, controller_port=port + 1,
-                                   overrides=broker_overrides or {})
+        self.cluster = KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
+                                    work_dir=state_dir / "kafka", port=free_kafka_port(brokers), size=brokers,
+                                    overrides=broker_overrides or {})
+        #: Node 1 (the only one unless ``brokers`` > 1).
+        self.kafka: KafkaLauncher = self.cluster.nodes[0]
         run_as = process.RunAs.for_postgres()
         self.postgres = PostgresLauncher(infra_dir=self.paths.infra_dir, work_dir=default_work_dir(state_dir, run_as),
                                          port=_free_port(), database=DEFAULT_DATABASE, run_as=run_as)
 
     @property
     def bootstrap(self) -> str:
-        return self.kafka.bootstrap
+        return self.cluster.bootstrap
 
     @property
     def database_url(self) -> str:
@@ -88,7 +95,7 @@ class PrivateStack:
         """Settings for this stack only (nothing from the environment's connection variables)."""
         return Settings(kafka_bootstrap=self.bootstrap, database_url=self.database_url, external_kafka=True,
                         external_database=True, paths=self.paths, topic_prefix=topic_prefix, partitions=partitions,
-                        session_timeout_ms=session_timeout_ms)
+                        replication_factor=min(3, self.cluster.size), session_timeout_ms=session_timeout_ms)
 
     def env(self) -> dict[str, str]:
         """What a child process needs to use this stack (and only this stack)."""
@@ -101,33 +108,50 @@ class PrivateStack:
         """Both servers (in parallel), then the migrations."""
         self.paths.state_dir.mkdir(parents=True, exist_ok=True)
         self._record(kafka=self.bootstrap, kafka_port=self.kafka.port, kafka_controller_port=self.kafka.controller_port,
-                     kafka_dir=str(self.kafka.work_dir), database_url=self.database_url,
+                     kafka_dir=str(self.kafka.work_dir), kafka_brokers=self.cluster.size, database_url=self.database_url,
                      postgres_port=self.postgres.port, postgres_dir=str(self.postgres.work_dir))
         await asyncio.gather(self.start_kafka(), self.start_postgres())
         await migrations.migrate(self.database_url)
 
     async def close(self, *, keep_data: bool = False) -> None:
         """Stop both servers; delete their data unless ``keep_data``."""
-        await asyncio.to_thread(KafkaLauncher.stop, self._ref("kafka"))
+        await asyncio.gather(*(asyncio.to_thread(KafkaLauncher.stop, ref) for ref in self._nodes().values()))
         await asyncio.to_thread(PostgresLauncher.stop, self._ref("postgres"))
-        self._record(kafka_pid=None, kafka_started=None, postgres_pid=None, postgres_started=None)
+        self._record(kafka_pid=None, kafka_started=None, kafka_nodes=None, postgres_pid=None, postgres_started=None)
         if not keep_data:
-            shutil.rmtree(self.kafka.work_dir, ignore_errors=True)
+            for node in self.cluster.nodes:
+                shutil.rmtree(node.work_dir, ignore_errors=True)
             shutil.rmtree(self.postgres.work_dir, ignore_errors=True)
 
     # -- faults ------------------------------------------------------------------------------------
     async def start_kafka(self) -> None:
-        """Start the broker on its data; returns once it answers a metadata request."""
-        ref = await asyncio.to_thread(self.kafka.start)
-        self._record(kafka_pid=ref.pid, kafka_started=ref.started)
+        """Start the nodes that are not running, on their data; returns once the cluster lists them all."""
+        down = {n for n, ref in self._nodes().items() if ref is None or not ref.alive()}
+        started = await asyncio.to_thread(self.cluster.start, down)
+        self._record(**node_state(read_state(self.paths.state_file), started))
 
-    async def kill_kafka(self) -> None:
-        """SIGKILL the broker (no clean shutdown) and wait until it is gone."""
-        ref = self._ref("kafka")
-        if ref is None or not ref.alive():
-            raise StackError("the private broker is not running")
+    async def kill_kafka(self, node: int = 1) -> None:
+        """SIGKILL a node (no clean shutdown) and wait until it is gone."""
+        ref = self._live(node)
         os.kill(ref.pid, signal.SIGKILL)
         await asyncio.to_thread(process.stop, ref, grace=30)  # returns once the JVM is gone
+
+    async def stop_kafka(self, node: int = 1) -> None:
+        """A clean shutdown of a node (SIGTERM: it hands its partitions' leadership over first)."""
+        await asyncio.to_thread(KafkaLauncher.stop, self._live(node))
+
+    def kafka_pid(self, node: int = 1) -> int | None:
+        ref = self._nodes().get(node)
+        return ref.pid if ref is not None and ref.alive() else None
+
+    def _live(self, node: int) -> process.ProcessRef:
+        ref = self._nodes().get(node)
+        if ref is None or not ref.alive():
+            raise StackError(f"the private cluster's node {node} is not running")
+        return ref
+
+    def _nodes(self) -> dict[int, process.ProcessRef | None]:
+        return node_refs(read_state(self.paths.state_file))
 
     async def start_postgres(self) -> None:
         ref = await asyncio.to_thread(self.postgres.start)

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from agentstream.devstack import process
-from agentstream.devstack.kafka import KafkaLauncher, metadata_ok
+from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.streams import migrations
 from agentstream.streams.config import (
@@ -38,6 +40,16 @@ from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coo
 
 
 @dataclass(frozen=True)
+class Broker:
+    """One node of the local Kafka cluster."""
+
+    node_id: int
+    address: str
+    running: bool
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
 class StackStatus:
     kafka: str
     database_url: str
@@ -46,6 +58,8 @@ class StackStatus:
     postgres_running: bool
     kafka_pid: int | None = None
     postgres_pid: int | None = None
+    #: The local cluster's nodes (none for a user's own cluster).
+    brokers: tuple[Broker, ...] = ()
 
     @property
     def pids(self) -> list[int]:
@@ -53,7 +67,9 @@ class StackStatus:
 
     def public(self) -> dict:
         """The documented shape of ``agentstream dev status --json``."""
-        return {"kafka": self.kafka, "database_url": self.database_url, "running": self.running}
+        return {"kafka": self.kafka, "database_url": self.database_url, "running": self.running,
+                "brokers": [{"node_id": b.node_id, "address": b.address, "running": b.running, "pid": b.pid}
+                            for b in self.brokers]}
 
 
 class DevStack:
@@ -67,6 +83,10 @@ class DevStack:
         return KafkaLauncher(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                              work_dir=self.paths.state_dir / "kafka", port=port,
                              controller_port=controller_port)
+
+    def _cluster(self, port: int, brokers: int) -> KafkaCluster:
+        return KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
+                            work_dir=self.paths.state_dir / "kafka", port=port, size=brokers)
 
     def _postgres(self, port: int) -> PostgresLauncher:
         run_as = process.RunAs.for_postgres()
@@ -95,10 +115,15 @@ class DevStack:
         settings = Settings.load(self.paths)
         state = read_state(self.paths.state_file)
         kafka_ref, postgres_ref = _ref(state, "kafka"), _ref(state, "postgres")
+        brokers: tuple[Broker, ...] = ()
         if settings.external_kafka:
             kafka_running = asyncio.run(metadata_ok(settings.kafka_bootstrap))
         else:
-            kafka_running = kafka_ref is not None and kafka_ref.alive()
+            refs = node_refs(state)
+            addresses = settings.kafka_bootstrap.split(",")
+            brokers = tuple(Broker(n, addresses[n - 1] if n <= len(addresses) else "", bool(ref and ref.alive()),
+                                   ref.pid if ref and ref.alive() else None) for n, ref in refs.items())
+            kafka_running = all(b.running for b in brokers)
         if settings.external_database:
             url = urlsplit(settings.database_url)
             postgres_running = process.can_connect(url.hostname or "127.0.0.1", url.port or 5432)
@@ -110,13 +135,16 @@ class DevStack:
             postgres_running=postgres_running,
             kafka_pid=kafka_ref.pid if kafka_ref and kafka_running and not settings.external_kafka else None,
             postgres_pid=postgres_ref.pid if postgres_ref and postgres_running
-            and not settings.external_database else None,
+            and not settings.external_database else None, brokers=brokers,
         )
 
-    def up(self, *, kafka_port: int | None = None, pg_port: int | None = None) -> StackStatus:
+    def up(self, *, kafka_port: int | None = None, pg_port: int | None = None,
+           brokers: int | None = None) -> StackStatus:
         """Start whatever is not running yet, apply migrations, record the state. Idempotent.
 
-        Kafka's controller listens on the port after the broker's (``kafka_port + 1``).
+        Kafka's controller listens on the port after the broker's (``kafka_port + 1``). ``brokers``:
+        1 (the default) or a cluster of that many nodes (``KafkaCluster``: node n on ``kafka_port +
+        2(n-1)``); a node of a running cluster that died is started again.
         """
         env_kafka_port, env_pg_port = dev_ports()
         with self._locked():
@@ -125,6 +153,16 @@ class DevStack:
             before = self.status()
             kafka_port = kafka_port or env_kafka_port or state.get("kafka_port") or DEFAULT_KAFKA_PORT
             pg_port = pg_port or env_pg_port or state.get("postgres_port") or DEFAULT_POSTGRES_PORT
+            recorded_brokers = int(state.get("kafka_brokers") or 1)
+            brokers = brokers or recorded_brokers
+            if brokers < 1:
+                raise StackError("--brokers must be at least 1")
+            if brokers != recorded_brokers and any(b.running for b in before.brokers):
+                raise StackError(f"Kafka is running with {recorded_brokers} broker(s); run `agentstream dev down "
+                                 f"--purge` before starting {brokers}")
+            if brokers != recorded_brokers and state.get("kafka_dir") and Path(state["kafka_dir"]).exists():
+                raise StackError(f"the stack's Kafka data is a {recorded_brokers}-broker cluster's; run "
+                                 f"`agentstream dev down --purge` before starting {brokers}")
             for name, running, asked, recorded in (
                 ("Kafka", before.kafka_running, kafka_port, state.get("kafka_port")),
                 ("PostgreSQL", before.postgres_running, pg_port, state.get("postgres_port")),
@@ -133,19 +171,30 @@ class DevStack:
                     raise StackError(f"{name} is already running on port {recorded}; "
                                      "run `agentstream dev down` before choosing another port")
             kafka = self._kafka(kafka_port, kafka_port + 1)
+            cluster = self._cluster(kafka_port, brokers)
             postgres = self._postgres(pg_port)
-            to_start: dict[str, Callable[[], process.ProcessRef]] = {}
+            to_start: dict[str, Callable[[], Any]] = {}
             if not settings.external_kafka and not before.kafka_running:
-                kafka.preflight()
-                to_start["kafka"] = kafka.start
+                if brokers == 1:
+                    kafka.preflight()
+                    to_start["kafka"] = kafka.start
+                else:
+                    alive = {b.node_id for b in before.brokers if b.running}
+                    down = set(range(1, brokers + 1)) - alive
+                    for node in cluster.nodes:
+                        if node.node_id in down:
+                            node.preflight()
+                    to_start["kafka"] = lambda: cluster.start(down)
             if not settings.external_database and not before.postgres_running:
                 postgres.preflight()
                 to_start["postgres"] = postgres.start
-            refs = self._start_together(to_start, stop={"kafka": kafka.stop, "postgres": postgres.stop})
+            refs = self._start_together(to_start, stop={"kafka": _stop_kafka, "postgres": postgres.stop})
             if "kafka" in refs:
-                state.update(kafka=kafka.bootstrap, kafka_port=kafka.port,
+                nodes = refs["kafka"] if isinstance(refs["kafka"], dict) else {1: refs["kafka"]}
+                state.update(kafka=kafka.bootstrap if brokers == 1 else cluster.bootstrap, kafka_port=kafka.port,
                              kafka_controller_port=kafka.controller_port, kafka_dir=str(kafka.work_dir),
-                             kafka_pid=refs["kafka"].pid, kafka_started=refs["kafka"].started)
+                             kafka_brokers=brokers)
+                state.update(node_state(state, nodes))
             if "postgres" in refs:
                 state.update(database_url=postgres.url, postgres_port=postgres.port,
                              postgres_dir=str(postgres.work_dir), postgres_pid=refs["postgres"].pid,
@@ -158,9 +207,8 @@ class DevStack:
             return self.status()
 
     @staticmethod
-    def _start_together(starters: dict[str, Callable[[], process.ProcessRef]],
-                        stop: dict[str, Callable[[process.ProcessRef], object]]
-                        ) -> dict[str, process.ProcessRef]:
+    def _start_together(starters: dict[str, Callable[[], Any]],
+                        stop: dict[str, Callable[[Any], object]]) -> dict[str, Any]:
         """Start the servers in parallel (cold start is the slower of the two, not the sum); if one
         fails, stop the others so nothing is left half-started."""
         if not starters:
@@ -181,16 +229,19 @@ class DevStack:
         with self._locked():
             settings = Settings.load(self.paths)
             state = read_state(self.paths.state_file)
-            if not settings.external_kafka and KafkaLauncher.stop(_ref(state, "kafka")):
+            if not settings.external_kafka and _stop_kafka(node_refs(state)):
                 stopped.append("kafka")
             if not settings.external_database and PostgresLauncher.stop(_ref(state, "postgres")):
                 stopped.append("postgres")
-            for key in ("kafka_pid", "kafka_started", "postgres_pid", "postgres_started"):
+            for key in ("kafka_pid", "kafka_started", "kafka_nodes", "postgres_pid", "postgres_started"):
                 state.pop(key, None)
             if purge:
                 for key in ("kafka_dir", "postgres_dir"):
                     if state.get(key):
                         shutil.rmtree(state[key], ignore_errors=True)
+                if state.get("kafka_dir"):
+                    for n in range(2, int(state.get("kafka_brokers") or 1) + 1):
+                        shutil.rmtree(f"{state['kafka_dir']}-{n}", ignore_errors=True)
                 self.paths.state_file.unlink(missing_ok=True)
             elif state:
                 self._write_state(state)
@@ -201,7 +252,7 @@ async def _prepare(settings: Settings) -> None:
     """Migrations, the catalogue's topics and a group coordinator, concurrently: the first waits on
     PostgreSQL, the others on Kafka (a fresh broker takes a second or two to create
     ``__consumer_offsets``)."""
-    topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+    topics = Topics.of(settings)
     await asyncio.gather(migrations.migrate(settings.database_url),
                          ensure_topics(settings.kafka_bootstrap, topics.specs()),
                          wait_for_group_coordinator(settings.kafka_bootstrap))
@@ -209,3 +260,11 @@ async def _prepare(settings: Settings) -> None:
 
 def _ref(state: dict, name: str) -> process.ProcessRef | None:
     return process.ProcessRef.from_state(state.get(f"{name}_pid"), state.get(f"{name}_started"))
+
+
+def _stop_kafka(refs: process.ProcessRef | dict[int, process.ProcessRef | None] | None) -> bool:
+    """Stop one node or all of a cluster's; True when any was running."""
+    if not isinstance(refs, dict):
+        return KafkaLauncher.stop(refs)
+    with ThreadPoolExecutor(max_workers=max(1, len(refs))) as pool:  # each shutdown takes seconds
+        return any(list(pool.map(KafkaLauncher.stop, refs.values())))

@@ -300,7 +300,7 @@ class ReplaySession:
 async def create_topics(settings: Settings, *, within_s: float = 15.0) -> None:
     """Create the catalogue's topics under the prefix and wait until every partition has a leader,
     so the session's consumers do not start on partitions the broker is still electing for."""
-    topics = Topics(settings.topic_prefix, settings.partitions)
+    topics = Topics.of(settings)
     specs = topics.specs()
     await ensure_topics(settings.kafka_bootstrap, specs)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)

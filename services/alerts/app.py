@@ -53,7 +53,7 @@ class AlertsApp:
                  datadir: Path | None = None) -> None:
         self.settings = settings
         self.thresholds = th = thresholds or AlertSettings.load()
-        self.topics = topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+        self.topics = topics = Topics.of(settings)
         self.codec = codec_for(settings)
         self.app_id = f"{settings.topic_prefix}agentstream-alerts"
         datadir = datadir or settings.paths.state_dir / "faust" / self.app_id

@@ -26,7 +26,8 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment that points a worker process at the test's broker, database and topics."""
     return {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
             "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions),
-            "AGENTSTREAM_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms), **extra}
+            "AGENTSTREAM_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+            "AGENTSTREAM_REPLICATION_FACTOR": str(settings.replication_factor), **extra}
 
 
 def start_worker(settings: Settings, service: str, log: Path, *args: str, **env: str) -> subprocess.Popen:

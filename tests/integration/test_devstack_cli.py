@@ -62,7 +62,9 @@ def test_up_twice_then_down_leaves_no_process(tmp_path):
         assert first.returncode == 0, first.stdout + first.stderr
         state = json.loads((state_dir / "stack.json").read_text())
         status = json.loads(_cli(env, "dev", "status", "--json").stdout)
-        assert status == {"kafka": state["kafka"], "database_url": state["database_url"], "running": True}
+        assert status == {"kafka": state["kafka"], "database_url": state["database_url"], "running": True,
+                          "brokers": [{"node_id": 1, "address": state["kafka"], "running": True,
+                                       "pid": state["kafka_pid"]}]}
 
         second = _cli(env, "dev", "up")
         assert second.returncode == 0, second.stdout + second.stderr

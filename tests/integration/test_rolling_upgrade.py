@@ -121,7 +121,7 @@ async def _schema_ids(settings: Settings, topics: list[str]) -> dict[str, collec
 async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run(stack, tmp_path):
     newer = newer_schemas(tmp_path / "schemas-new")
     settings = stack.settings(topic_prefix=f"u{uuid.uuid4().hex[:8]}.", partitions=4)
-    topics = Topics(settings.topic_prefix, settings.partitions)
+    topics = Topics.of(settings)
     fleet = Fleet(settings, tmp_path, newer)
     clients: list[AgentClient] = []
     try:
