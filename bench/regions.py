@@ -56,7 +56,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from agentstream.devstack import process  # noqa: E402
-from agentstream.devstack.kafka import KafkaCluster  # noqa: E402
+from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher  # noqa: E402
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir  # noqa: E402
 from agentstream.streams import migrations  # noqa: E402
 from agentstream.streams.client import AgentClient  # noqa: E402
@@ -136,6 +136,12 @@ def serve(what: str, host: str, work: Path, brokers: int) -> None:
 
 
 def start_server(net: TestNetwork, what: str, work: Path, brokers: int) -> dict:
+    """Start a server on its host. Kafka's jars are resolved out here first: a test host has no route
+    to Maven Central."""
+    if what == "kafka":
+        paths = StackPaths.from_env()
+        KafkaLauncher(infra_dir=paths.infra_dir, cache_dir=paths.cache_dir, work_dir=work / "kafka",
+                      port=KAFKA_PORT, controller_port=KAFKA_PORT + 1).ensure_jars()
     argv = [*net.exec_argv(what), sys.executable, __file__, "--serve", what, "--host", net.hosts[what],
             "--work", str(work), "--brokers", str(brokers)]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
