@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from agentstream.devstack.postgres import default_work_dir
 from agentstream.devstack.process import ProcessRef, RunAs, free_port, port_in_use
+from agentstream.streams.config import mask_url
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "agentstream.cli"]
@@ -61,8 +63,10 @@ def test_up_twice_then_down_leaves_no_process(tmp_path):
         first = _cli(env, "dev", "up")
         assert first.returncode == 0, first.stdout + first.stderr
         state = json.loads((state_dir / "stack.json").read_text())
+        assert stat.S_IMODE((state_dir / "stack.json").stat().st_mode) == 0o600  # it holds DATABASE_URL
         status = json.loads(_cli(env, "dev", "status", "--json").stdout)
-        assert status == {"kafka": state["kafka"], "database_url": state["database_url"], "running": True,
+        # Printed URLs are masked (mask_url); the dev stack's has no password, so nothing changes here.
+        assert status == {"kafka": state["kafka"], "database_url": mask_url(state["database_url"]), "running": True,
                           "brokers": [{"node_id": 1, "address": state["kafka"], "running": True,
                                        "pid": state["kafka_pid"]}]}
 
