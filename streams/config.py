@@ -160,7 +160,11 @@ class TelemetrySettings:
     otlp_endpoint: str = "http://localhost:4318/v1/traces"
     sample: float = 1.0
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    #: Loopback unless configured: ``/metrics`` says what a worker does and ``/readyz`` why it waits, which
+    #: is no one else's business on a shared host. Containers and pods set ``0.0.0.0`` (their own network
+    #: namespace; the kubelet and Prometheus come in through the pod's address): the Containerfile and
+    #: ``agentstream deploy render`` do.
+    metrics_host: str = "127.0.0.1"
     #: The host name other machines reach this worker's metrics at (default: this host's name).
     metrics_advertise: str | None = None
     #: How often consumer lag and the inference backlog are sampled (never per message).
@@ -203,7 +207,7 @@ class TelemetrySettings:
             otlp_endpoint=endpoint,
             sample=_fraction("AGENTSTREAM_TRACE_SAMPLE", 1.0),
             metrics_port=port,
-            metrics_host=os.environ.get("AGENTSTREAM_METRICS_HOST", "").strip() or "0.0.0.0",
+            metrics_host=os.environ.get("AGENTSTREAM_METRICS_HOST", "").strip() or "127.0.0.1",
             metrics_advertise=os.environ.get("AGENTSTREAM_METRICS_ADVERTISE", "").strip() or None,
             sample_interval_s=_positive_float("AGENTSTREAM_TELEMETRY_INTERVAL_S", 5.0),
             service_name=os.environ.get("OTEL_SERVICE_NAME", "").strip() or "agentstream",
