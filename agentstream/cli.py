@@ -37,11 +37,12 @@ def dev_up(
 ) -> None:
     """Start Kafka and PostgreSQL (if not running), apply migrations, print where they listen."""
     from agentstream.devstack.stack import DevStack
+    from agentstream.streams.config import mask_url
 
     with console.status("starting Kafka and PostgreSQL…"):
         status = DevStack().up(kafka_port=kafka_port, pg_port=pg_port, brokers=brokers)
-    console.print(f"[green]stack is up[/green]\n  KAFKA_BOOTSTRAP_SERVERS={status.kafka}\n"
-                  f"  DATABASE_URL={status.database_url}")
+    console.print(f"[green]stack is up[/green]\n  KAFKA_BOOTSTRAP_SERVERS={escape(mask_url(status.kafka))}\n"
+                  f"  DATABASE_URL={escape(mask_url(status.database_url))}")
 
 
 @dev.command("down")
@@ -55,8 +56,10 @@ def dev_down(purge: bool = typer.Option(False, help="Also delete the broker's an
 
 @dev.command("status")
 def dev_status(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Show where Kafka and PostgreSQL are and whether they are running (exit 1 when not)."""
+    """Show where Kafka and PostgreSQL are and whether they are running (exit 1 when not). Passwords in
+    the URLs are masked; the stack's own are in its state file (stack.json, readable by its owner only)."""
     from agentstream.devstack.stack import DevStack
+    from agentstream.streams.config import mask_url
 
     status = DevStack().status()
     if as_json:
@@ -69,10 +72,12 @@ def dev_status(as_json: bool = typer.Option(False, "--json", help="Print one JSO
         table.add_column("pid")
         if len(status.brokers) > 1:
             for broker in status.brokers:
-                table.add_row(f"kafka {broker.node_id}", broker.address, _yes(broker.running), str(broker.pid or "-"))
+                table.add_row(f"kafka {broker.node_id}", escape(mask_url(broker.address)), _yes(broker.running),
+                              str(broker.pid or "-"))
         else:
-            table.add_row("kafka", status.kafka, _yes(status.kafka_running), str(status.kafka_pid or "-"))
-        table.add_row("postgres", status.database_url, _yes(status.postgres_running),
+            table.add_row("kafka", escape(mask_url(status.kafka)), _yes(status.kafka_running),
+                          str(status.kafka_pid or "-"))
+        table.add_row("postgres", escape(mask_url(status.database_url)), _yes(status.postgres_running),
                       str(status.postgres_pid or "-"))
         console.print(table)
     raise typer.Exit(0 if status.running else 1)
@@ -84,10 +89,11 @@ def dev_check() -> None:
     import asyncio
 
     from agentstream.devstack.check import run_check
-    from agentstream.streams.config import Settings
+    from agentstream.streams.config import Settings, mask_url
 
     settings = Settings.load()
-    table = Table("step", "result", "ms", title=f"Kafka {settings.kafka_bootstrap} · {settings.database_url}")
+    table = Table("step", "result", "ms", title=escape(f"Kafka {mask_url(settings.kafka_bootstrap)} · "
+                                                       f"{mask_url(settings.database_url)}"))
     for step in asyncio.run(run_check(settings)):
         table.add_row(step.name, step.detail, f"{step.ms:.1f}")
     console.print(table)

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams import resources
-from agentstream.streams.config import Settings
+from agentstream.streams.config import Settings, mask_url
 from agentstream.testing import Pipeline
 
 SAMPLE_TASK = "What is 17 * 23?"
@@ -47,7 +47,8 @@ def pick_backend(requested: str | None) -> str:
 async def run_demo(task: str, backend: str, console: Console, timeout: float = 180.0,
                    settings: Settings | None = None) -> bool:
     settings = settings or Settings.load()
-    console.print(f"Kafka [bold]{settings.kafka_bootstrap}[/bold] · PostgreSQL [bold]{settings.database_url}[/bold]")
+    console.print(f"Kafka [bold]{escape(mask_url(settings.kafka_bootstrap))}[/bold] · "
+                  f"PostgreSQL [bold]{escape(mask_url(settings.database_url))}[/bold]")
     console.print(f"starting planner, inference ([bold]{backend}[/bold]), retrieval and tools…")
     t0 = time.perf_counter()
     async with Pipeline.start(settings, WorkerOptions(backend=backend, backend_options=_options(backend))) as pipe:

@@ -52,7 +52,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.streams.client import AgentClient
-from agentstream.streams.config import Settings
+from agentstream.streams.config import Settings, mask_url
 from agentstream.streams.topics import Topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,7 +282,7 @@ def main() -> None:
         report = asyncio.run(measure(args, stack, settings, work))
     except BaseException:
         if args.keep_on_failure:
-            print(f"left running: KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap} DATABASE_URL={stack.database_url}; "
+            print(f"left running: KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap} DATABASE_URL={mask_url(stack.database_url)}; "
                   f"logs in {work}; workers {[p.pid for p in procs]}", flush=True)
         else:
             clean_up()

@@ -46,6 +46,7 @@ from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coo
 if TYPE_CHECKING:  # imported where used: each service loads only what it needs
     from agentstream.services.inference.service import InferenceService
     from agentstream.services.planner.service import Planner
+    from agentstream.services.tools.service import ToolService
 
 log = logging.getLogger(__name__)
 SERVICES = ("planner", "inference", "retrieval", "tools")
@@ -152,6 +153,8 @@ class Worker:
         self.runtime = Runtime(self.settings, codec_for(self.settings), **runtime_options)
         self.pool: asyncpg.Pool | None = None
         self.writer: asyncpg.Pool | None = None
+        #: ``sql_query``'s own pool (``tool_service``), when this worker serves it.
+        self.query_pool: asyncpg.Pool | None = None
         self.backend: Backend | None = None
         self.outcomes: OutcomeWatcher | None = None
         self.inference: InferenceService | None = None
@@ -208,14 +211,12 @@ class Worker:
                      "heartbeat_interval_ms": max(100, s.session_timeout_ms // 10),
                      "fetch_max_wait_ms": s.fetch_max_wait_ms, **self.options.service_overrides}
         if "tools" in self.names:
-            from agentstream.services.tools.builtin import tools_for
-            from agentstream.services.tools.service import ToolService
-
             self._phase = "registering tools"
-            tools = tools_for(self.options.tool_modules, self.options.builtin)
+            service = await self.tool_service()
+            tools = list(service.tools.values())
             await wait_out(lambda: register(self.runtime, [t.info() for t in tools],
                                             worker=self.runtime.topics.group("tools")), "registering tools")
-            self.runners.append(ToolService(self.runtime, self.pool, tools).service(**overrides))
+            self.runners.append(service.service(**overrides))
         if "retrieval" in self.names:
             from agentstream.services.retrieval.service import RetrievalService
 
@@ -243,11 +244,26 @@ class Worker:
                                    ToolCatalog.for_runtime(self.runtime), step_timeout_s=s.step_timeout_s,
                                    max_run_s=s.max_run_s)
             self.runners.append(self.planner.service(**overrides))
-        probe = DatabaseProbe([p for p in (self.pool, self.writer) if p is not None])
+        probe = DatabaseProbe([p for p in (self.pool, self.writer, self.query_pool) if p is not None])
         for runner in self.runners:  # how the runtime tells a database outage from a bad record
             runner.probes.setdefault(DATABASE, probe)
         self._phase = "joining consumer groups"
         self._started = True
+
+    async def tool_service(self) -> ToolService:
+        """The tool service for this worker's tools (after ``start`` connected the pool), with
+        ``sql_query``'s own small pool when it is among them (services/tools/sql.py says why)."""
+        from agentstream.services.tools.builtin import BuiltinConfig, tools_for
+        from agentstream.services.tools.service import ToolService
+        from agentstream.services.tools.sql import SqlQueryConfig, query_pool
+
+        assert self.pool is not None, "start() connects the pool first"
+        tools = tools_for(self.options.tool_modules, self.options.builtin)
+        if self.query_pool is None and any(t.name == "sql_query" for t in tools):
+            config = (self.options.builtin or BuiltinConfig()).sql_query or SqlQueryConfig()
+            url = self.settings.database_url
+            self.query_pool = await wait_out(lambda: query_pool(url, config), "connecting")
+        return ToolService(self.runtime, self.pool, tools, query_pool=self.query_pool)
 
     @property
     def _worker_id(self) -> str:
@@ -321,7 +337,7 @@ class Worker:
         await self.runtime.stop()
         if self.backend is not None:
             await self.backend.close()
-        for pool in (self.writer, self.pool):
+        for pool in (self.query_pool, self.writer, self.pool):
             if pool is not None:
                 await pool.close()
 

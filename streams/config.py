@@ -10,8 +10,11 @@ Where a setting comes from, first match wins:
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +108,9 @@ class Settings:
     #: Tracing, metrics and health endpoints (all off unless configured).
     telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings())
 
+    def __repr__(self) -> str:
+        return masked_repr(self)
+
     @classmethod
     def load(cls, paths: StackPaths | None = None) -> Settings:
         """Resolve settings from the environment, then the dev stack's state file, then defaults."""
@@ -154,12 +160,19 @@ class TelemetrySettings:
     otlp_endpoint: str = "http://localhost:4318/v1/traces"
     sample: float = 1.0
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    #: Loopback unless configured: ``/metrics`` says what a worker does and ``/readyz`` why it waits, which
+    #: is no one else's business on a shared host. Containers and pods set ``0.0.0.0`` (their own network
+    #: namespace; the kubelet and Prometheus come in through the pod's address): the Containerfile and
+    #: ``agentstream deploy render`` do.
+    metrics_host: str = "127.0.0.1"
     #: The host name other machines reach this worker's metrics at (default: this host's name).
     metrics_advertise: str | None = None
     #: How often consumer lag and the inference backlog are sampled (never per message).
     sample_interval_s: float = 5.0
     service_name: str = "agentstream"
+
+    def __repr__(self) -> str:
+        return masked_repr(self)
 
     @property
     def tracing_enabled(self) -> bool:
@@ -194,7 +207,7 @@ class TelemetrySettings:
             otlp_endpoint=endpoint,
             sample=_fraction("AGENTSTREAM_TRACE_SAMPLE", 1.0),
             metrics_port=port,
-            metrics_host=os.environ.get("AGENTSTREAM_METRICS_HOST", "").strip() or "0.0.0.0",
+            metrics_host=os.environ.get("AGENTSTREAM_METRICS_HOST", "").strip() or "127.0.0.1",
             metrics_advertise=os.environ.get("AGENTSTREAM_METRICS_ADVERTISE", "").strip() or None,
             sample_interval_s=_positive_float("AGENTSTREAM_TELEMETRY_INTERVAL_S", 5.0),
             service_name=os.environ.get("OTEL_SERVICE_NAME", "").strip() or "agentstream",
@@ -338,6 +351,17 @@ def uvloop_enabled() -> bool:
     return os.environ.get("AGENTSTREAM_UVLOOP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def write_state(state_file: Path, state: dict[str, Any]) -> None:
+    """Replace the dev stack's state file atomically, readable by its owner only (0600): it holds the
+    ``DATABASE_URL`` with its password, which nothing prints (``mask_url``)."""
+    tmp = state_file.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)  # a leftover could have wider permissions; O_CREAT keeps an existing file's
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, state_file)
+
+
 def read_state(state_file: Path) -> dict[str, Any]:
     """The dev stack's recorded state, or ``{}`` when it has never been started (or the file is not a
     JSON object)."""
@@ -348,3 +372,56 @@ def read_state(state_file: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
+
+
+# -- secrets in what is printed -------------------------------------------------------------------
+
+MASK = "***"
+_SCHEME = re.compile(r"(?:^|(?<=,))[A-Za-z][A-Za-z0-9+.\-_]*://")  # _: Kafka listeners (SASL_SSL://)
+_SECRET_PARAM = re.compile(r"(?i)(?<![A-Za-z0-9_.])([A-Za-z0-9_.]*(?:password|passwd|secret|token)[A-Za-z0-9_.]*)=([^&;\s,]*)")
+
+
+def mask_url(value: str) -> str:
+    """``value`` (a URL, or a comma-separated list of them such as Kafka bootstrap servers) with every
+    password replaced by ``***``: what is printed or logged instead of a connection string.
+
+    ``postgresql://user:secret@host/db`` becomes ``postgresql://user:***@host/db``; the user, host, port
+    and database stay (they say where, and are not secret). The user information ends at the *last*
+    ``@`` before the query, so a password with a raw ``@`` or ``/`` is masked whole; query parameters
+    named like a secret (``?password=``, ``sslpassword=``, ``sasl.password=``, ``token=``) are masked
+    too. A URL without a password comes back unchanged."""
+    return "".join(_mask_token(part) if part and not part.isspace() else part for part in re.split(r"(\s+)", value))
+
+
+def _mask_token(token: str) -> str:
+    starts = [m.start() for m in _SCHEME.finditer(token)]
+    if starts:  # one or more URLs: each runs to the next one's scheme (multi-host DSNs keep their commas)
+        bounds = sorted({0, *starts, len(token)})
+        return "".join(_mask_one(token[a:b]) for a, b in itertools.pairwise(bounds))
+    return ",".join(_mask_one(item) for item in token.split(","))  # host:port lists without a scheme
+
+
+def _mask_one(url: str) -> str:
+    match = _SCHEME.match(url)
+    head, rest = (url[: match.end()], url[match.end():]) if match else ("", url)
+    query_at = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, query_at)
+    if at < 0 and "@" in rest and "/" not in rest[: rest.index("@")]:
+        at = rest.index("@")  # a raw ? or # in the password: the first @ still ends the user information
+    if at >= 0 and ":" in rest[:at]:
+        rest = f"{rest[: rest.index(':')]}:{MASK}{rest[at:]}"
+        query_at = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    if not match and at < 0:
+        query_at = 0  # not a URL: a libpq ``key=value`` word such as ``password=…``
+    return head + rest[:query_at] + _SECRET_PARAM.sub(lambda m: f"{m.group(1)}={MASK}", rest[query_at:])
+
+
+def masked_repr(obj: Any) -> str:
+    """A dataclass's repr with ``mask_url`` applied to its text fields: settings and statuses carry
+    connection strings, and a repr ends up in logs and tracebacks."""
+    parts = []
+    for f in dataclasses.fields(obj):
+        if f.repr:
+            value = getattr(obj, f.name)
+            parts.append(f"{f.name}={mask_url(value)!r}" if isinstance(value, str) else f"{f.name}={value!r}")
+    return f"{type(obj).__name__}({', '.join(parts)})"

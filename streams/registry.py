@@ -26,6 +26,7 @@ from fastavro.schema import to_parsing_canonical_form
 from fastavro.types import Schema
 
 from agentstream.streams import resources
+from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
 
 #: fastavro's parsed schema (for a record: a dict with fastavro's own annotations).
@@ -155,10 +156,10 @@ class HttpRegistry:
                 return answer
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
-                raise UnknownSchema(f"schema registry {self.url}{path}: not found") from exc
-            raise AgentStreamError(f"schema registry {self.url}{path}: HTTP {exc.code}") from exc
+                raise UnknownSchema(f"schema registry {mask_url(self.url)}{path}: not found") from exc
+            raise AgentStreamError(f"schema registry {mask_url(self.url)}{path}: HTTP {exc.code}") from exc
         except OSError as exc:
-            raise AgentStreamError(f"schema registry {self.url} unreachable: {exc}") from exc
+            raise AgentStreamError(f"schema registry {mask_url(self.url)} unreachable: {exc}") from exc
 
     def id_for(self, name: str) -> int:
         try:

@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
 from agentstream.streams.events import ToolRegistered
 
@@ -172,7 +173,7 @@ class ToolCatalog:
             except (TimeoutError, KafkaError) as exc:
                 await self._drop_consumer()  # the next refresh starts over from the beginning
                 why = f"no answer within {self.timeout_s:g} s" if isinstance(exc, TimeoutError) else repr(exc)
-                raise ToolCatalogUnavailable(f"cannot read the tool catalogue ({self.topic} on {self.bootstrap}) "
+                raise ToolCatalogUnavailable(f"cannot read the tool catalogue ({self.topic} on {mask_url(self.bootstrap)}) "
                                              f"while waiting for {self._waiting_for}: {why}") from exc
             self._read_started, self._loaded_at = started, time.monotonic()
 

@@ -22,6 +22,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import CoordinatorNotAvailableError, InvalidPartitionsError, for_code
 from aiokafka.partitioner import murmur2
 
+from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
 
 if TYPE_CHECKING:
@@ -438,6 +439,6 @@ async def require_topics(bootstrap: str, names: Iterable[str], *, optional: Iter
     if not missing:
         return extra
     raise TopicsMissing(
-        f"topic(s) {', '.join(missing)} do not exist on the broker at {bootstrap}: start a worker first "
+        f"topic(s) {', '.join(missing)} do not exist on the broker at {mask_url(bootstrap)}: start a worker first "
         "(`agentstream worker all`; workers create the catalogue's topics), or run `agentstream dev up`, "
         "with the same AGENTSTREAM_TOPIC_PREFIX as this client")

@@ -135,6 +135,9 @@ class _Context:
             "AGENTSTREAM_PARTITIONS": str(self.topics.partitions),
             "AGENTSTREAM_STATE_DIR": STATE_DIR,
             "AGENTSTREAM_METRICS_PORT": str(self.metrics_port),
+            # A worker binds loopback unless told otherwise; the kubelet's probes and Prometheus reach a
+            # pod through its own address. (values-podman.yaml, on the host's network, keeps loopback.)
+            "AGENTSTREAM_METRICS_HOST": str((self.v.get("metrics") or {}).get("host") or "0.0.0.0"),
             "AGENTSTREAM_TRACING": str(tracing.get("mode") or "off"),
         }
         if data["AGENTSTREAM_TRACING"] == "otlp":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentstream.streams import resources
+from agentstream.streams.config import mask_url
 from agentstream.streams.errors import ConfigError
 
 Values = dict[str, Any]
@@ -47,7 +48,7 @@ def parse_set(assignment: str) -> Values:
     """``a.b=1`` as ``{"a": {"b": 1}}`` (the value read as YAML)."""
     path, sep, raw = assignment.partition("=")
     if not sep or not path.strip():
-        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+        raise ConfigError(f"--set {mask_url(assignment)!r}: expected KEY.PATH=VALUE")
     value: Any = _yaml().safe_load(raw) if raw.strip() else ""
     for key in reversed(path.strip().split(".")):
         value = {key: value}

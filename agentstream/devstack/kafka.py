@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentstream.devstack import process
+from agentstream.streams.config import mask_url
 from agentstream.streams.errors import StackError
 
 JVM_OPTS = [
@@ -387,4 +388,4 @@ async def _poll_metadata(bootstrap: str, count: int, *, within: float,
         last_size = size
         await asyncio.sleep(0.2)
     what = "answer a metadata request" if count == 1 else f"list {count} brokers"
-    raise StackError(f"Kafka at {bootstrap} did not {what} within {within:.0f} s")
+    raise StackError(f"Kafka at {mask_url(bootstrap)} did not {what} within {within:.0f} s")

@@ -25,7 +25,6 @@ up --brokers 3``); ``kill_kafka(node=2)``, ``stop_kafka(node=2)`` (a clean shutd
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from agentstream.streams.config import (
     Settings,
     StackPaths,
     read_state,
+    write_state,
 )
 from agentstream.streams.errors import StackError
 
@@ -172,9 +172,7 @@ class PrivateStack:
     def _record(self, **changes: object) -> None:
         """The state file in ``dev up``'s format, always naming the servers now running."""
         state = {**read_state(self.paths.state_file), **changes}
-        tmp = self.paths.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({k: v for k, v in state.items() if v is not None}, indent=2) + "\n")
-        os.replace(tmp, self.paths.state_file)
+        write_state(self.paths.state_file, {k: v for k, v in state.items() if v is not None})
 
 
 __all__ = ["PrivateStack", "free_kafka_port"]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +31,10 @@ from agentstream.streams.config import (
     Settings,
     StackPaths,
     dev_ports,
+    mask_url,
+    masked_repr,
     read_state,
+    write_state,
 )
 from agentstream.streams.errors import StackError
 from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coordinator
@@ -61,14 +62,18 @@ class StackStatus:
     #: The local cluster's nodes (none for a user's own cluster).
     brokers: tuple[Broker, ...] = ()
 
+    def __repr__(self) -> str:
+        return masked_repr(self)
+
     @property
     def pids(self) -> list[int]:
         return [pid for pid in (self.kafka_pid, self.postgres_pid) if pid]
 
     def public(self) -> dict:
-        """The documented shape of ``agentstream dev status --json``."""
-        return {"kafka": self.kafka, "database_url": self.database_url, "running": self.running,
-                "brokers": [{"node_id": b.node_id, "address": b.address, "running": b.running, "pid": b.pid}
+        """The documented shape of ``agentstream dev status --json``, passwords masked (it is printed, and
+        logs keep it): a program that connects reads ``Settings.load()``, i.e. the state file."""
+        return {"kafka": mask_url(self.kafka), "database_url": mask_url(self.database_url), "running": self.running,
+                "brokers": [{"node_id": b.node_id, "address": mask_url(b.address), "running": b.running, "pid": b.pid}
                             for b in self.brokers]}
 
 
@@ -106,9 +111,7 @@ class DevStack:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write_state(self, state: dict) -> None:
-        tmp = self.paths.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.paths.state_file)
+        write_state(self.paths.state_file, state)
 
     # -- commands --------------------------------------------------------------------------------
     def status(self) -> StackStatus:

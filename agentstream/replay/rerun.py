@@ -172,14 +172,12 @@ class ReplaySession:
         session's topics through the responder's context)."""
         from agentstream.services.inference.service import InferenceService
         from agentstream.services.retrieval.service import RetrievalService
-        from agentstream.services.tools.builtin import tools_for
-        from agentstream.services.tools.service import ToolService
 
         assert worker.pool is not None
         backend = make_backend(self.options.backend, **self.options.backend_options)
         await backend.start()
         self._closers.append(backend.close)
-        tools = ToolService(worker.runtime, worker.pool, tools_for(self.options.tool_modules, self.options.builtin))
+        tools = await worker.tool_service()  # closed with the worker (its pools are the worker's)
         self._closers.append(tools.close)
         retrieval = RetrievalService(worker.runtime, worker.pool)
         await retrieval.start()

@@ -136,7 +136,8 @@ class BuiltinConfig:
         """From ``AGENTSTREAM_HTTP_ALLOWED_HOSTS`` (comma-separated; empty: http_get off),
         ``AGENTSTREAM_HTTP_ALLOW_PRIVATE`` (1: allowlisted hosts may resolve to private addresses),
         ``AGENTSTREAM_HTTP_MAX_BYTES``, ``AGENTSTREAM_HTTP_TIMEOUT_S``, ``AGENTSTREAM_SQL_TIMEOUT_S``,
-        ``AGENTSTREAM_SQL_MAX_ROWS``. The caller passes the environment (streams/config.py reads it)."""
+        ``AGENTSTREAM_SQL_MAX_ROWS``, ``AGENTSTREAM_SQL_MAX_BYTES``, ``AGENTSTREAM_SQL_POOL_SIZE``. The caller
+        passes the environment (streams/config.py reads it)."""
 
         def number(name: str, kind: type, default: Any) -> Any:
             raw = environ.get(name, "").strip()
@@ -155,8 +156,14 @@ class BuiltinConfig:
             allow_private=environ.get("AGENTSTREAM_HTTP_ALLOW_PRIVATE", "").strip().lower() in ("1", "true", "yes"),
             max_bytes=number("AGENTSTREAM_HTTP_MAX_BYTES", int, 1_000_000),
             timeout_s=number("AGENTSTREAM_HTTP_TIMEOUT_S", float, 10.0))
-        sql = SqlQueryConfig(statement_timeout_s=number("AGENTSTREAM_SQL_TIMEOUT_S", float, 5.0),
-                             max_rows=number("AGENTSTREAM_SQL_MAX_ROWS", int, 100))
+        defaults = SqlQueryConfig()
+        try:
+            sql = SqlQueryConfig(statement_timeout_s=number("AGENTSTREAM_SQL_TIMEOUT_S", float, defaults.statement_timeout_s),
+                                 max_rows=number("AGENTSTREAM_SQL_MAX_ROWS", int, defaults.max_rows),
+                                 max_bytes=number("AGENTSTREAM_SQL_MAX_BYTES", int, defaults.max_bytes),
+                                 pool_size=number("AGENTSTREAM_SQL_POOL_SIZE", int, defaults.pool_size))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return cls(http_get=http, sql_query=sql)
 
 

@@ -8,8 +8,12 @@ and every redirect, must pass:
 - scheme ``http`` or ``https``, no user:password part;
 - host exactly on the allowlist (lower-cased, trailing dot dropped; no suffix or wildcard matching, so
   ``example.com.evil.net`` and ``evil.net#@example.com`` do not pass);
+- an IPv4 address written in another form than a dotted quad (``http://2130706433/``,
+  ``http://0x7f.1/``: the system resolver would connect to 127.0.0.1) is refused;
 - every address the host resolves to is public (not loopback, private, link-local, multicast,
-  reserved or unspecified) unless ``allow_private``. The check runs inside the connector's resolver,
+  reserved or unspecified) unless ``allow_private``; an IPv6 address that carries an IPv4 one (mapped,
+  NAT64, 6to4, ISATAP) is judged by that IPv4 address, and Teredo and the deprecated encodings are
+  refused (``_refused_address``). The check runs inside the connector's resolver,
   at connection time, on the addresses actually connected to, so a DNS answer that changes between a
   check and the connection (rebinding) cannot slip through; IP literals are checked before;
 - redirects are followed by hand (``max_redirects``), each target checked like the first URL;
@@ -80,18 +84,86 @@ class HttpGetConfig:
         return cls(allowed_hosts=frozenset(hosts), **options) if hosts else None
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+_ISATAP_IID = 0x00005EFE  # interface identifier 0000:5efe:a.b.c.d (0200:5efe with the u bit)
+
+
 def _refused_address(address: str) -> str | None:
-    """Why connecting to ``address`` is refused, or None for a public address."""
+    """Why connecting to ``address`` is refused, or None for a public address.
+
+    An IPv6 address that carries an IPv4 one reaches that IPv4 host through a translator or tunnel, so
+    the IPv4 address is what is checked: IPv4-mapped (``::ffff:a.b.c.d``), NAT64 (``64:ff9b::/96``),
+    6to4 (``2002::/16``, bits 16-48) and ISATAP (``…:0:5efe:a.b.c.d``, whose IPv6 prefix is checked
+    too). Encodings that are deprecated or whose IPv4 part cannot be trusted are refused outright:
+    IPv4-compatible (``::a.b.c.d``), IPv4-translated (``::ffff:0:a.b.c.d``), Teredo (``2001::/32``: the
+    client's address is in there, inverted, and the relay is anyone's) and local-use NAT64
+    (``64:ff9b:1::/48``: a translator inside some network, by definition)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv4Address):
+        problem = _refused_ip(ip)
+        return f"{address} is {problem}" if problem else None
+    outright = _refused_encoding(ip)
+    if outright:
+        return f"{address} is {outright}"
+    embedded, prefix_matters = _embedded_ipv4(ip)
+    if embedded is not None:
+        problem = _refused_ip(embedded)
+        if problem:
+            return f"{address} carries {embedded}, which is {problem}"
+        if not prefix_matters:
+            return None  # a translator's fixed prefix: the IPv4 host is the destination
+    problem = _refused_ip(ip)
+    return f"{address} is {problem}" if problem else None
+
+
+def _refused_encoding(ip: ipaddress.IPv6Address) -> str | None:
+    if ip in _IPV4_TRANSLATED:
+        return "an IPv4-translated address (deprecated)"
+    if ip in _IPV4_COMPATIBLE and int(ip) > 1:  # :: and ::1 are the ordinary checks' business
+        return "an IPv4-compatible address (deprecated)"
+    if ip in _NAT64_LOCAL:
+        return "a local-use NAT64 address"
+    if ip.teredo is not None:
+        return "a Teredo address"
+    return None
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address | None, bool]:
+    """The IPv4 address ``ip`` leads to, if any, and whether the IPv6 prefix must be checked as well."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped, False
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF), False
+    if ip.sixtofour is not None:
+        return ip.sixtofour, False
+    if (int(ip) >> 32) & 0xFCFFFFFF == _ISATAP_IID:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF), True
+    return None, False
+
+
+def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     for attribute in ("is_loopback", "is_link_local", "is_unspecified", "is_multicast", "is_reserved",
                       "is_private"):
         if getattr(ip, attribute):
-            return f"{address} is {attribute[3:].replace('_', '-')}"
+            return attribute[3:].replace("_", "-")
     if not ip.is_global:
-        return f"{address} is not a public address"
+        return "not a public address"
     return None
+
+
+def _numeric_ipv4(host: str) -> str | None:
+    """``host`` as the dotted quad it means when it is an IPv4 address in another form that resolvers
+    accept (``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1``), else None."""
+    if not host or not all(c in "0123456789abcdefx." for c in host) or not host[0].isdigit():
+        return None
+    try:
+        quad = socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
+    return quad if quad != host else None
 
 
 class _PublicOnlyResolver(AbstractResolver):
@@ -124,6 +196,9 @@ def check_url(url: URL, config: HttpGetConfig) -> None:
     host = _normal_host(url.host or "")
     if not host:
         raise ToolError("refused: the URL has no host")
+    quad = _numeric_ipv4(host)
+    if quad is not None:  # getaddrinfo would connect to it; an allowlist entry is never written that way
+        raise ToolError(f"refused: host {host!r} is the IPv4 address {quad} in a non-standard form")
     if host not in config.allowed_hosts:
         raise ToolError(f"refused: host {host!r} is not on this worker's allowlist")
     if not config.allow_private:

@@ -65,6 +65,9 @@ class ToolContext:
     attempt: int = 1
     #: Ask the retrieval service (through events); None where the worker offers no retrieval.
     retrieve: Retrieve | None = None
+    #: ``sql_query``'s own small pool, apart from ``pool``: a slow or huge query holds only these
+    #: connections, never those the tool service records its calls with. None where no tool needs it.
+    query_pool: asyncpg.Pool | None = None
 
 
 @dataclass(frozen=True)

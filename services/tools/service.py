@@ -72,9 +72,12 @@ class Outcome:
 
 
 class ToolService:
-    def __init__(self, runtime: Runtime, pool: asyncpg.Pool, tools: list[Tool]) -> None:
+    def __init__(self, runtime: Runtime, pool: asyncpg.Pool, tools: list[Tool], *,
+                 query_pool: asyncpg.Pool | None = None) -> None:
         self.runtime = runtime
         self.pool = pool
+        #: Handed to the tools as ``ToolContext.query_pool`` (``sql_query`` runs on it, never on ``pool``).
+        self.query_pool = query_pool
         self.tools = {t.name: t for t in tools}
         self.retrievals = RetrievalWaiter(runtime)
         self._unrecorded: dict[str, Outcome] = {}
@@ -156,7 +159,7 @@ class ToolService:
             await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
         while True:
             context = ToolContext(event.run_id, event.step_id, self.pool, attempt=attempt,
-                                  retrieve=self.retrievals.bind(event, attempt))
+                                  retrieve=self.retrievals.bind(event, attempt), query_pool=self.query_pool)
             try:
                 value = await asyncio.wait_for(tool.call(arguments, context), tool.timeout_s)
                 return Outcome(attempt, result=json.dumps(value))

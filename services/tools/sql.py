@@ -2,12 +2,12 @@
 
 The model writes the SQL, so the database, not this module, has to make it harmless. Migration
 0005_tool_roles.sql creates the role ``agentstream_readonly`` (SELECT on ``documents`` only) and the
-function ``agentstream_readonly_query(query, max_rows)``, SECURITY DEFINER and owned by that role. A
-call runs, on a connection of the service's pool:
+function ``agentstream_readonly_query``, SECURITY DEFINER and owned by that role; 0010 gives it a byte
+limit. A call runs, on a connection of the tool's own pool (``query_pool``):
 
     BEGIN READ ONLY;
     SET LOCAL ROLE agentstream_readonly; SET LOCAL statement_timeout = …;
-    SELECT agentstream_readonly_query($1, $2);   -- the model's SQL is a bound parameter
+    SELECT item, stop FROM agentstream_readonly_query($1, $2, $3);   -- the model's SQL is a bound parameter
     ROLLBACK;
 
 Why each piece:
@@ -25,7 +25,13 @@ Why each piece:
 - **statement_timeout**: the whole function call is one protocol message, so the timer armed when it
   starts cannot be disarmed by ``set_config('statement_timeout', …)`` inside it; the tool's own
   timeout is the last resort;
-- **row limit**: the function stops after ``max_rows + 1`` rows (the extra one says "truncated");
+- **row limit**: the function stops at the row after ``max_rows`` (and says so, without converting it);
+- **byte limit**, in PostgreSQL: the function adds up the rows' JSON text and stops before ``max_bytes``;
+  the row that does not fit comes back with its values cut to fit (``…`` at the end) and nothing after
+  it is read. A 50 MB value is cut inside the server and never crosses the wire, so no single call can
+  exhaust a worker's memory; ``max_result_chars`` then bounds what the model is handed;
+- **its own pool** (``query_pool``, ``pool_size`` connections): a slow or huge query waits for, and
+  holds, only these connections, never the ones the tool service records its calls and results with;
 - **ROLLBACK** (never commit) and ``pg_advisory_unlock_all()``: the pool does not reset connections on
   release (streams/db.py), so session state the SQL might leave — ``set_config(…, false)``, a
   session advisory lock — is undone before the connection goes back. A call that is cancelled or fails
@@ -46,6 +52,7 @@ from typing import Any
 import asyncpg
 
 from agentstream.services.tools.registry import Tool, ToolContext, ToolError, tool
+from agentstream.streams import db
 
 ROLE = "agentstream_readonly"
 FUNCTION = "agentstream_readonly_query"
@@ -59,16 +66,28 @@ class SqlQueryConfig:
 
     statement_timeout_s: float = 5.0
     max_rows: int = 100
+    #: Most bytes of rows (their JSON text) PostgreSQL hands back: counted and cut in the server, so a
+    #: huge value never reaches the worker. Below ``max_result_chars``, so that a cut row still fits it.
+    max_bytes: int = 16_000
     #: Longest JSON result handed back; rows past it are dropped (``truncated`` says so).
     max_result_chars: int = 20_000
     max_query_chars: int = 10_000
+    #: Connections of the tool's own pool (``query_pool``); a call waits ``statement_timeout_s`` for one.
+    pool_size: int = 2
     role: str = ROLE
 
     def __post_init__(self) -> None:
         if not _IDENTIFIER.match(self.role):
             raise ValueError(f"SqlQueryConfig: role {self.role!r} is not a plain lower-case identifier")
-        if self.statement_timeout_s <= 0 or self.max_rows < 1 or self.max_result_chars < 100:
-            raise ValueError("SqlQueryConfig: statement_timeout_s, max_rows and max_result_chars must be positive")
+        if (self.statement_timeout_s <= 0 or self.max_rows < 1 or self.max_result_chars < 100 or self.max_bytes < 100
+                or self.pool_size < 1):
+            raise ValueError("SqlQueryConfig: statement_timeout_s, max_rows, max_bytes (100 or more), "
+                             "max_result_chars (100 or more) and pool_size must be positive")
+
+
+async def query_pool(database_url: str, config: SqlQueryConfig) -> asyncpg.Pool:
+    """The small pool ``sql_query`` runs on, apart from the tool service's own (see the module docstring)."""
+    return await db.create_pool(database_url, min_size=1, max_size=config.pool_size)
 
 
 async def run_query(pool: asyncpg.Pool, query: str, config: SqlQueryConfig) -> dict[str, Any]:
@@ -80,25 +99,32 @@ async def run_query(pool: asyncpg.Pool, query: str, config: SqlQueryConfig) -> d
     timeout_ms = max(1, int(config.statement_timeout_s * 1000))
     error: asyncpg.PostgresError | None = None
     rows: list[asyncpg.Record] = []
-    async with pool.acquire() as conn:
-        clean = False
+    try:
+        conn = await pool.acquire(timeout=config.statement_timeout_s)
+    except TimeoutError:
+        raise ToolError(f"sql_query is busy: its {config.pool_size} connection(s) stayed taken for "
+                        f"{config.statement_timeout_s:g} s", retriable=True) from None
+    clean = False
+    try:
+        transaction = conn.transaction(readonly=True)
+        await transaction.start()
         try:
-            transaction = conn.transaction(readonly=True)
-            await transaction.start()
-            try:
-                await conn.execute(f"SET LOCAL ROLE {config.role}; SET LOCAL statement_timeout = {timeout_ms}")
-                rows = await conn.fetch(f"SELECT {FUNCTION}($1, $2) AS row", query, config.max_rows)
-            except asyncpg.PostgresError as exc:
-                error = exc
-            await transaction.rollback()
-            await conn.execute("SELECT pg_advisory_unlock_all()")
-            clean = True
-        finally:
-            if not clean:  # cancelled or broken mid-way: whatever state the SQL left goes with the connection
-                conn.terminate()
+            await conn.execute(f"SET LOCAL ROLE {config.role}; SET LOCAL statement_timeout = {timeout_ms}")
+            rows = await conn.fetch(f"SELECT item, stop FROM {FUNCTION}($1, $2, $3)", query, config.max_rows,
+                                    config.max_bytes)
+        except asyncpg.PostgresError as exc:
+            error = exc
+        await transaction.rollback()
+        await conn.execute("SELECT pg_advisory_unlock_all()")
+        clean = True
+    finally:
+        if not clean:  # cancelled or broken mid-way: whatever state the SQL left goes with the connection
+            conn.terminate()
+        await pool.release(conn)
     if error is not None:
         raise ToolError(_explain(error, config))
-    return _result([r["row"] for r in rows], config)
+    stop = rows[-1]["stop"] if rows else None
+    return _result([r["item"] for r in rows if r["item"] is not None], config, stop)
 
 
 def _explain(exc: asyncpg.PostgresError, config: SqlQueryConfig) -> str:
@@ -111,7 +137,7 @@ def _explain(exc: asyncpg.PostgresError, config: SqlQueryConfig) -> str:
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return f"{exc}; this tool may read only: {', '.join(READABLE)}"
     if isinstance(exc, asyncpg.UndefinedFunctionError) and FUNCTION in str(exc):
-        return "sql_query is not set up in this database (migration 0005_tool_roles has not run)"
+        return "sql_query is not set up in this database (migration 0010_readonly_query_bytes has not run)"
     return f"the query failed: {type(exc).__name__}: {exc}"
 
 
@@ -136,9 +162,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _result(raw_rows: list[str], config: SqlQueryConfig) -> dict[str, Any]:
-    """``{"columns", "rows", "row_count", "truncated"}`` within ``max_result_chars``."""
-    truncated = len(raw_rows) > config.max_rows
+def _result(raw_rows: list[str], config: SqlQueryConfig, stop: str | None = None) -> dict[str, Any]:
+    """``{"columns", "rows", "row_count", "truncated", "truncated_by"}`` within ``max_result_chars``.
+    ``stop`` is why PostgreSQL stopped (``rows``, ``bytes``: the last row's values were cut) or None;
+    ``truncated_by`` says which limit cut the result (``rows``, ``bytes``, ``chars``), None when whole."""
+    truncated_by = stop if stop in ("rows", "bytes") else ("rows" if len(raw_rows) > config.max_rows else None)
     pairs = [json.loads(r, object_pairs_hook=_Columns, parse_float=_number, parse_constant=str)
              for r in raw_rows[: config.max_rows]]
     columns = [name for name, _ in pairs[0]] if pairs else []
@@ -148,10 +176,11 @@ def _result(raw_rows: list[str], config: SqlQueryConfig) -> dict[str, Any]:
     for row in rows:
         size += len(json.dumps(row)) + 1
         if size > budget:
-            truncated = True
+            truncated_by = "chars"
             break
         kept += 1
-    return {"columns": columns, "rows": rows[:kept], "row_count": kept, "truncated": truncated}
+    return {"columns": columns, "rows": rows[:kept], "row_count": kept, "truncated": truncated_by is not None,
+            "truncated_by": truncated_by}
 
 
 def sql_query_tool(config: SqlQueryConfig | None = None) -> Tool:
@@ -164,11 +193,11 @@ def sql_query_tool(config: SqlQueryConfig | None = None) -> Tool:
                       "(documents.embedding is large).",
           timeout_s=config.statement_timeout_s + 2.0)
     async def sql_query(query: str, ctx: ToolContext) -> dict[str, Any]:
-        if ctx.pool is None:
-            raise ToolError("sql_query needs a database pool")
-        return await run_query(ctx.pool, query, config)
+        if ctx.query_pool is None:  # never the service's own pool: see the module docstring
+            raise ToolError("sql_query needs its own database pool (ToolContext.query_pool)")
+        return await run_query(ctx.query_pool, query, config)
 
     return sql_query
 
 
-__all__ = ["SqlQueryConfig", "run_query", "sql_query_tool"]
+__all__ = ["SqlQueryConfig", "query_pool", "run_query", "sql_query_tool"]

@@ -24,7 +24,7 @@ Readiness = Callable[[], tuple[bool, str]]
 
 
 class MetricsServer:
-    def __init__(self, registry: CollectorRegistry, readiness: Readiness, *, host: str = "0.0.0.0",
+    def __init__(self, registry: CollectorRegistry, readiness: Readiness, *, host: str = "127.0.0.1",
                  port: int = 0, advertise: str | None = None) -> None:
         self.registry = registry
         self.readiness = readiness

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from agentstream.devstack.postgres import default_work_dir
 from agentstream.devstack.process import ProcessRef, RunAs, free_port, port_in_use
+from agentstream.streams.config import mask_url
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "agentstream.cli"]
@@ -61,8 +65,10 @@ def test_up_twice_then_down_leaves_no_process(tmp_path):
         first = _cli(env, "dev", "up")
         assert first.returncode == 0, first.stdout + first.stderr
         state = json.loads((state_dir / "stack.json").read_text())
+        assert stat.S_IMODE((state_dir / "stack.json").stat().st_mode) == 0o600  # it holds DATABASE_URL
         status = json.loads(_cli(env, "dev", "status", "--json").stdout)
-        assert status == {"kafka": state["kafka"], "database_url": state["database_url"], "running": True,
+        # Printed URLs are masked (mask_url); the dev stack's has no password, so nothing changes here.
+        assert status == {"kafka": state["kafka"], "database_url": mask_url(state["database_url"]), "running": True,
                           "brokers": [{"node_id": 1, "address": state["kafka"], "running": True,
                                        "pid": state["kafka_pid"]}]}
 
@@ -116,3 +122,25 @@ def test_missing_java_is_a_clear_error(tmp_path):
 
 def _postgres_dir(state_dir: Path) -> Path:
     return default_work_dir(state_dir.resolve(), RunAs.for_postgres())
+
+
+def test_a_password_in_database_url_is_used_but_never_printed(database_url, kafka_bootstrap, tmp_path):
+    """The session's servers named by the environment, the URL with a password: ``dev status`` and
+    ``dev check`` connect with it (the local stack trusts loopback, so any password does) and print it
+    masked."""
+    parts = urlsplit(database_url)
+    if parts.password is not None:
+        pytest.skip("this server checks passwords: the test cannot choose one")
+    secret = f"n0t-Pr1nted-{uuid.uuid4().hex[:6]}"
+    url = urlunsplit(parts._replace(netloc=f"{parts.username}:{secret}@{parts.hostname}:{parts.port}"))
+    env = {**os.environ, "DATABASE_URL": url, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+           "AGENTSTREAM_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "300"}
+    status = _cli(env, "dev", "status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr  # it connected: running
+    assert json.loads(status.stdout)["database_url"] == mask_url(url) != url
+    table = _cli(env, "dev", "status")
+    check = _cli(env, "dev", "check")
+    assert check.returncode == 0, check.stdout + check.stderr  # a vector round trip with the real URL
+    for done in (status, table, check):
+        assert secret not in done.stdout + done.stderr
+    assert mask_url(url) in table.stdout

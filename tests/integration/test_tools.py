@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 
@@ -147,7 +148,11 @@ async def test_sql_query_reads_documents_and_refuses_writes_through_the_pipeline
                                ["sql_query"])
     assert step["status"] == "completed", step
     assert json.loads(step["result"]["result"]) == {"columns": ["answer"], "rows": [[42]], "row_count": 1,
-                                                    "truncated": False}
+                                                    "truncated": False, "truncated_by": None}
+    # sql_query runs on a pool of its own, never on the one the tool service records its calls with.
+    worker = pipe.worker
+    assert worker.query_pool is not None and worker.query_pool is not worker.pool
+    assert worker.query_pool.get_max_size() == SqlQueryConfig().pool_size
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -200,7 +205,8 @@ async def test_sql_query_time_and_row_limits_and_json(one_connection):
     assert time.monotonic() - t0 < 3
 
     rows = await run_query(one_connection, "SELECT g FROM generate_series(1, 1000) g", config)
-    assert rows == {"columns": ["g"], "rows": [[1], [2], [3]], "row_count": 3, "truncated": True}
+    assert rows == {"columns": ["g"], "rows": [[1], [2], [3]], "row_count": 3, "truncated": True,
+                    "truncated_by": "rows"}
 
     typed = await run_query(one_connection, """SELECT DATE '2024-02-29' AS d, TIMESTAMPTZ '2024-02-29 12:00Z' AS t,
         12345678901234.5678::numeric AS n, 2.5::numeric AS exact, 'NaN'::numeric AS nan, '7d444840-9dc0-11d1-b245-5ffdce74fad2'::uuid AS u,
@@ -209,6 +215,56 @@ async def test_sql_query_time_and_row_limits_and_json(one_connection):
     assert typed["rows"] == [["2024-02-29", "2024-02-29T12:00:00+00:00", "12345678901234.5678", 2.5, "NaN",
                               "7d444840-9dc0-11d1-b245-5ffdce74fad2", "\\x00ff", {"a": [1]}, None, 1, 2]]
     json.dumps(typed)
+
+
+@pytest.mark.slow
+async def test_a_50_mb_value_is_cut_inside_postgresql_and_never_reaches_the_worker(one_connection):
+    collection = f"big-{uuid.uuid4().hex[:8]}"
+    size = 50 * 1024 * 1024
+    await one_connection.execute(  # made in the server: the test does not send 50 MB either
+        "INSERT INTO documents (collection, content, content_hash) VALUES ($1, repeat('x', $2), 'big'), "
+        "($1, 'small', 'small')", collection, size)
+    try:
+        assert await one_connection.fetchval(
+            "SELECT octet_length(content) FROM documents WHERE collection = $1 AND content_hash = 'big'",
+            collection) == size  # the premise
+        config = SqlQueryConfig(statement_timeout_s=30)
+        query = (f"SELECT id, content FROM documents WHERE collection = '{collection}' "
+                 "ORDER BY content_hash DESC")  # 'small' first, then the 50 MB row
+        tracemalloc.start()
+        try:
+            result = await run_query(one_connection, query, config)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * 1024 * 1024, f"{peak} bytes allocated while reading: the value crossed the wire"
+        assert result["truncated"] is True and result["truncated_by"] == "bytes", result["truncated_by"]
+        assert result["columns"] == ["id", "content"] and result["row_count"] == 2
+        assert result["rows"][0][1] == "small"
+        cut = result["rows"][1][1]
+        assert cut.startswith("xxxx") and cut.endswith("…") and 1000 < len(cut) < config.max_bytes
+        assert len(json.dumps(result)) <= config.max_result_chars
+
+        # The big row first: it comes back cut to the whole budget, and the row after it is not read.
+        tiny = await run_query(one_connection, query.replace("DESC", "ASC"), SqlQueryConfig(max_bytes=100))
+        assert tiny["truncated_by"] == "bytes" and tiny["row_count"] == 1, tiny
+        assert tiny["rows"][0][1].endswith("…") and len(json.dumps(tiny["rows"])) <= 100
+    finally:
+        await one_connection.execute("DELETE FROM documents WHERE collection = $1", collection)
+
+
+async def test_a_busy_query_pool_is_a_retriable_error_not_a_wait(database_url):
+    pool = await db.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        slow = asyncio.create_task(run_query(pool, "SELECT pg_sleep(3)", SqlQueryConfig(statement_timeout_s=5)))
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        with pytest.raises(ToolError, match="busy") as info:
+            await run_query(pool, "SELECT 1", SqlQueryConfig(statement_timeout_s=0.5))
+        assert info.value.retriable and time.monotonic() - t0 < 2
+        assert (await slow)["truncated"] is False
+    finally:
+        await pool.close()
 
 
 async def test_sql_query_leaves_no_session_state_on_the_pooled_connection(one_connection):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 import typer
@@ -135,6 +136,20 @@ def test_podman_values_put_pods_on_the_host_network_without_fixed_ports():
         assert pod["hostNetwork"] is True
         assert "readinessProbe" not in pod["containers"][0] and "ports" not in pod["containers"][0]
     assert _named(objects, "ConfigMap", "agentstream-config")["data"]["AGENTSTREAM_METRICS_PORT"] == "0"
+    # the host's network: loopback, not every interface of the host
+    assert _named(objects, "ConfigMap", "agentstream-config")["data"]["AGENTSTREAM_METRICS_HOST"] == "127.0.0.1"
+
+
+def test_pods_bind_metrics_on_all_their_interfaces_as_the_image_does():
+    """A worker alone binds 127.0.0.1; in a pod the kubelet's probes and Prometheus come in through the
+    pod's IP, so the rendering says 0.0.0.0, and so do both images (a published port arrives there)."""
+    config = _named(manifests.render(values.load()), "ConfigMap", "agentstream-config")["data"]
+    assert config["AGENTSTREAM_METRICS_HOST"] == "0.0.0.0"
+    mine = manifests.render(values.load(sets=["metrics.host=10.0.0.5"]))
+    assert _named(mine, "ConfigMap", "agentstream-config")["data"]["AGENTSTREAM_METRICS_HOST"] == "10.0.0.5"
+    root = Path(__file__).resolve().parents[2]
+    for containerfile in (root / "Containerfile", root / "infra" / "container" / "Containerfile.gpu"):
+        assert "AGENTSTREAM_METRICS_HOST=0.0.0.0" in containerfile.read_text(), containerfile
 
 
 def test_values_merge_maps_and_replace_lists(tmp_path):

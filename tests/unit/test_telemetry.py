@@ -16,6 +16,7 @@ from agentstream.streams.errors import ConfigError
 from agentstream.streams.events import InferenceRequested, Message
 from agentstream.streams.runtime import Context, Record
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens, record_tokens
+from agentstream.streams.telemetry.http import MetricsServer
 from agentstream.streams.telemetry.metrics import Metrics
 from agentstream.streams.telemetry.top import parse, render, row, total
 from agentstream.streams.telemetry.tracing import Tracing, format_traceparent, parse_traceparent
@@ -133,6 +134,24 @@ def test_settings_from_the_environment(monkeypatch, tmp_path):
                 TelemetrySettings.load()
     monkeypatch.setenv("AGENTSTREAM_METRICS_PORT", "off")
     assert TelemetrySettings.load().metrics_port is None
+
+
+def test_metrics_bind_loopback_unless_configured(monkeypatch):
+    monkeypatch.delenv("AGENTSTREAM_METRICS_HOST", raising=False)
+    assert TelemetrySettings().metrics_host == "127.0.0.1" == TelemetrySettings.load().metrics_host
+    monkeypatch.setenv("AGENTSTREAM_METRICS_HOST", "0.0.0.0")
+    assert TelemetrySettings.load().metrics_host == "0.0.0.0"
+
+
+async def test_the_metrics_server_listens_on_loopback_by_default():
+    server = MetricsServer(Metrics().registry, lambda: (True, "ready"), port=0)
+    await server.start()
+    try:
+        assert server._runner is not None
+        assert {address[0] for address in server._runner.addresses} == {"127.0.0.1"}
+        assert server.url == f"http://127.0.0.1:{server.port}/metrics"
+    finally:
+        await server.stop()
 
 
 def test_alert_thresholds_from_the_environment(monkeypatch):

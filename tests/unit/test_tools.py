@@ -117,11 +117,42 @@ def test_tools_for_replaces_the_builtin_module_with_the_configured_builtins():
 def test_sql_results_are_cut_to_their_budget():
     rows = [json.dumps({"id": i, "text": "x" * 50}) for i in range(6)]
     result = _result(rows, SqlQueryConfig(max_rows=5, max_result_chars=300))
-    assert result["columns"] == ["id", "text"] and result["truncated"]
+    assert result["columns"] == ["id", "text"] and result["truncated"] and result["truncated_by"] == "chars"
     assert 1 <= result["row_count"] < 5 and len(json.dumps(result)) <= 300
-    assert _result([], SqlQueryConfig()) == {"columns": [], "rows": [], "row_count": 0, "truncated": False}
+    assert _result([], SqlQueryConfig()) == {"columns": [], "rows": [], "row_count": 0, "truncated": False,
+                                             "truncated_by": None}
     with pytest.raises(ValueError, match="identifier"):
         SqlQueryConfig(role="x; DROP TABLE runs")
+
+
+def test_sql_results_say_which_limit_postgresql_stopped_at():
+    rows = [json.dumps({"id": i}) for i in range(3)]
+    assert _result(rows, SqlQueryConfig(), None)["truncated_by"] is None
+    stopped = _result(rows, SqlQueryConfig(), "rows")
+    assert stopped["truncated"] and stopped["truncated_by"] == "rows" and stopped["row_count"] == 3
+    cut = _result([*rows, json.dumps({"id": 3, "text": "abc…"})], SqlQueryConfig(), "bytes")
+    assert cut["truncated"] and cut["truncated_by"] == "bytes" and cut["rows"][-1] == [3, "abc…"]
+    assert _result([], SqlQueryConfig(), "bytes") == {"columns": [], "rows": [], "row_count": 0, "truncated": True,
+                                                      "truncated_by": "bytes"}
+
+
+def test_sql_limits_from_the_environment():
+    config = BuiltinConfig.from_env({"AGENTSTREAM_SQL_MAX_BYTES": "5000", "AGENTSTREAM_SQL_POOL_SIZE": "3"})
+    assert config.sql_query is not None and (config.sql_query.max_bytes, config.sql_query.pool_size) == (5000, 3)
+    assert BuiltinConfig.from_env({}).sql_query == SqlQueryConfig()
+    for name, bad, says in (("AGENTSTREAM_SQL_MAX_BYTES", "lots", "AGENTSTREAM_SQL_MAX_BYTES"),
+                            ("AGENTSTREAM_SQL_MAX_BYTES", "10", r"max_bytes \(100 or more\)"),
+                            ("AGENTSTREAM_SQL_POOL_SIZE", "0", "AGENTSTREAM_SQL_POOL_SIZE")):
+        with pytest.raises(ConfigError, match=says):
+            BuiltinConfig.from_env({name: bad})
+
+
+async def test_sql_query_never_runs_on_the_tool_services_own_pool():
+    sql_query = builtin_tools()[1]
+    assert sql_query.name == "sql_query"
+    service_pool = object()  # would be used, and fail differently, if the tool fell back to it
+    with pytest.raises(ToolError, match="its own database pool"):
+        await sql_query.call({"query": "SELECT 1"}, ToolContext("r", "r:1:tool", service_pool))  # type: ignore[arg-type]
 
 
 # -- http_get -----------------------------------------------------------------------------------------

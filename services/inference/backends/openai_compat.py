@@ -34,6 +34,7 @@ from agentstream.services.inference.backends.base import (
     GenerationRequest,
 )
 from agentstream.services.inference.backends.chat_stream import ChatStream
+from agentstream.streams.config import mask_url
 
 log = logging.getLogger(__name__)
 _FINISH = {"abort": "cancelled", "cancelled": "cancelled"}  # vLLM's engine calls an aborted request "abort"
@@ -147,13 +148,13 @@ class OpenAIBackend:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.monotonic() >= deadline:
                 await session.close()
-                raise BackendError(f"OpenAI-compatible server at {self.base_url} is not usable: {problem}")
+                raise BackendError(f"OpenAI-compatible server at {mask_url(self.base_url)} is not usable: {problem}")
             await asyncio.sleep(0.25)
         if self.model is None:
             models = [m.get("id") for m in body.get("data") or () if m.get("id")]
             if not models:
                 await session.close()
-                raise BackendError(f"{self.base_url}/models lists no model and none was configured")
+                raise BackendError(f"{mask_url(self.base_url)}/models lists no model and none was configured")
             self.model = models[0]
         self._session = session
 
@@ -199,7 +200,7 @@ class OpenAIBackend:
                         problem = f"HTTP {resp.status}: {_error_text(await resp.text())}"
                         if resp.status == 429 or resp.status >= 500:
                             raise _Retry(problem, _retry_after(resp.headers.get("Retry-After")))
-                        raise BackendError(f"{self.base_url} rejected the request: {problem}")
+                        raise BackendError(f"{mask_url(self.base_url)} rejected the request: {problem}")
                     async for chunk in _events(resp):
                         if "error" in chunk:
                             problem = f"server error in stream: {_error_text(chunk)}"
@@ -219,7 +220,7 @@ class OpenAIBackend:
                     else:
                         raise _Retry(f"{type(exc).__name__}: {exc}") from exc
                 except ValueError as exc:  # a chunk that is not JSON
-                    raise BackendError(f"malformed stream from {self.base_url}: {exc}", retriable=True) from exc
+                    raise BackendError(f"malformed stream from {mask_url(self.base_url)}: {exc}", retriable=True) from exc
             except _Retry as retry:
                 problem = str(retry)
                 if attempt == self.max_retries:
@@ -238,4 +239,4 @@ class OpenAIBackend:
             yield stream.final(model=stream.model or body["model"] or "", finish_names=_FINISH,
                                extra={"attempts": attempt + 1})
             return
-        raise BackendError(f"{url} failed after {self.max_retries + 1} attempts: {problem}", retriable=True)
+        raise BackendError(f"{mask_url(url)} failed after {self.max_retries + 1} attempts: {problem}", retriable=True)
