@@ -163,7 +163,7 @@ def refusal_reason(refusal: Refusal, call: ToolCallRequested, *, run_status: str
         "other_pipeline": f"run {run!r} belongs to another pipeline (topic prefix) than this tool service's",
         "run_finished": f"run {run!r} has ended ({run_status}"
                         + (f": {run_error_code})" if run_error_code else ")"),
-        "tool_not_allowed": f"tool {tool!r} is not one of run {run!r}'s tools",
+        "tool_not_allowed": f"tool {tool!r} is not among the tools of run {run!r}",
         "not_pending": f"step {step!r} is not the tool call run {run!r} waits for "
                        f"(its pending step: {pending_step or 'none'})",
         "awaiting_approval": f"step {step!r} waits for a person's approval, which it has not been given",

@@ -9,6 +9,7 @@ named still runs its real call, once, when it is approved.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -61,7 +62,7 @@ async def _letter(pipe, source: tuple[int, int], timeout: float = 20) -> DeadLet
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         end = (await end_offsets(pipe.settings, [dlq]))[dlq]
-        for letter in await read_events(pipe.settings, dlq, 0, expect=end, timeout=5):
+        for letter in await read_events(pipe.settings, dlq, 0, expect=end, timeout=5) if end else []:
             if (isinstance(letter, DeadLetter) and letter.source_topic == topics.tool_requests
                     and (letter.source_partition, letter.source_offset) == source):
                 return letter
@@ -74,7 +75,7 @@ async def _results(pipe, run_id: str) -> list[ToolCallCompleted]:
     topics = pipe.worker.runtime.topics
     tp = TopicPartition(topics.tool_results, topics.partition_for(run_id))
     end = (await end_offsets(pipe.settings, [tp]))[tp]
-    events = await read_events(pipe.settings, tp, 0, expect=end, timeout=5)
+    events = await read_events(pipe.settings, tp, 0, expect=end, timeout=5) if end else []
     return [e for e in events if isinstance(e, ToolCallCompleted) and e.run_id == run_id]
 
 
@@ -131,7 +132,7 @@ async def test_calls_the_run_did_not_ask_for_are_refused_and_its_real_call_runs_
 
     # (a) a tool outside the run's tools, at the run's own pending step
     letter = await _refused(pipe, _forged(run_id, step, "effect", {"label": "sneaked"}), "tool_not_allowed")
-    assert "'effect' is not one of run" in letter.reason
+    assert "'effect' is not among the tools of run" in letter.reason
     # (c) the very call that waits for approval, before anyone approved it — with the event id the
     # planner's request will have: refusing it must not make the real request a duplicate
     premature = _forged(run_id, step, "transfer", {"amount": 5})
@@ -148,9 +149,11 @@ async def test_calls_the_run_did_not_ask_for_are_refused_and_its_real_call_runs_
     [real] = await _results(pipe, run_id)
     assert real.ok and real.step_id == step and not real.replayed, real
 
-    # After the fact: the step's id with other arguments does not get the real call's answer, and a new
-    # step of the ended run is not run.
-    await _refused(pipe, _forged(run_id, step, "transfer", {"amount": 5000}), "step_taken")
+    # After the fact: the step's id with other arguments (and an event id of its own: a copy of the real
+    # request's id is dropped as a duplicate before any check) does not get the real call's answer, and
+    # a new step of the ended run is not run.
+    other = dataclasses.replace(_forged(run_id, step, "transfer", {"amount": 5000}), event_id=str(uuid.uuid4()))
+    await _refused(pipe, other, "step_taken")
     letter = await _refused(pipe, _forged(run_id, f"{run_id}:7:tool", "transfer", {"amount": 1}), "run_finished")
     assert "has ended (completed)" in letter.reason
     assert await _effects(pipe, run_id) == ["transfer 5"]
