@@ -129,8 +129,10 @@ CHANNELS: tuple[ChannelSpec, ...] = (
                 key="the alert's subject (a tool, a model, `group/topic`), raw UTF-8", claim_checks=False,
                 emitted=False),
     ChannelSpec("tools", (ToolRegistered,), ("tools",), ("client", "planner"),
-                "The tools workers serve (compacted: the latest registration of each), read whole by submit and "
-                "the planner.", key="the tool's name, raw UTF-8", claim_checks=False, emitted=False),
+                "The tools workers serve (compacted: every distinct registration; readers take each tool's highest "
+                "version, and refuse a lower one or a conflicting one of the same version), read whole by submit and "
+                "the planner.", key="`{name}@{version}:{metadata digest}` (records from before versions: the tool's "
+                "name), raw UTF-8", claim_checks=False, emitted=False),
     ChannelSpec("schemas", (), ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "foreign"),
                 ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "dlq-cli"),
                 "The Avro schemas processes write with (compacted, one partition), without a schema registry: "

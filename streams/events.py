@@ -341,9 +341,10 @@ class AlertRaised(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolRegistered(Event):
-    """A tool worker serves this tool (compacted ``agent.tools``, key: ``name``, so the topic keeps the
-    latest registration of every tool and submit can check tool names without PostgreSQL). It belongs
-    to no run: ``run_id`` is ``"tools"`` and ``step_id`` is ``tools:{name}`` (streams/tool_catalog.py)."""
+    """A tool worker serves this tool (compacted ``agent.tools``, so submit can check tool names without
+    PostgreSQL; key: name, version and metadata digest, so compaction keeps every distinct registration
+    and readers can always pick each tool's highest version). It belongs to no run: ``run_id`` is
+    ``"tools"`` and ``step_id`` is ``tools:{name}`` (streams/tool_catalog.py)."""
 
     schema_name: ClassVar[str] = _NS + "ToolRegistered"
     name: str
@@ -351,6 +352,8 @@ class ToolRegistered(Event):
     parameters: str  # the arguments' JSON schema, as JSON text (its shape is the tool's own business)
     requires_approval: bool = False
     registered_by: str
+    #: The metadata's version (``@tool(version=N)``); 0: registered before versions existed.
+    version: int = 0
 
     def problem(self) -> str | None:
         return super().problem() or (None if self.name else "name is empty")

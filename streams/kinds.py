@@ -36,14 +36,16 @@ ON_TOOL_ERROR: Final[tuple[OnToolError, ...]] = get_args(OnToolError)
 
 #: Why a record could not become an event (``DecodeError.kind``; a dead letter's ``error_kind``).
 DecodeErrorKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid"]
-#: Why the runtime dead-lettered a record (``DeadLetter.error_kind``, schemas/DeadLetter.avsc).
-DeadLetterKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid", "handler_error", "retries_exhausted"]
+#: Why a record was dead-lettered (``DeadLetter.error_kind``, schemas/DeadLetter.avsc): by the runtime, or by
+#: the tool service (``retries_exhausted``, and ``refused``: a call its run did not ask for, streams/tool_calls.py).
+DeadLetterKind: TypeAlias = Literal["undecodable", "unknown_schema", "invalid", "handler_error", "retries_exhausted",
+                                    "refused"]
 
 #: Who speaks in a conversation (``Message.role``).
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 #: Why a tool call failed (``ToolCallCompleted.error_kind``, schemas/ToolCallCompleted.avsc).
 ToolErrorKind: TypeAlias = Literal["unknown_tool", "invalid_arguments", "timeout", "tool_error",
-                                   "retries_exhausted", "interrupted"]
+                                   "retries_exhausted", "interrupted", "refused"]
 #: What crossed a threshold, and how bad it is (``AlertRaised.kind`` / ``severity``).
 AlertKind: TypeAlias = Literal["slow_tool", "slow_model_step", "tool_failure_rate", "consumer_lag"]
 Severity: TypeAlias = Literal["warning", "critical"]

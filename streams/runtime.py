@@ -283,6 +283,8 @@ class Context:
         self._pending: list[asyncio.Future[RecordMetadata]] = []
         self._clock = stages.clock()
         self._created = time.perf_counter() if self._clock is not None else 0.0
+        #: Whether the runtime counts the event's id as handled once the handler returns (``forget``).
+        self.remembered = True
 
     @property
     def topics(self) -> Topics:
@@ -302,6 +304,13 @@ class Context:
             self._clock = None
         if self._metrics is not None:
             self._metrics.emitted(type(event)).inc()
+
+    def forget(self) -> None:
+        """Do not count this event's id as handled: a later record with the same id is handled again. For
+        a record refused for what it claims to be (the tool service refusing a forged request): event ids
+        are predictable, and a forgery that borrowed a real request's id must not make the real one,
+        arriving later, a duplicate to drop."""
+        self.remembered = False
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -623,7 +632,8 @@ class ServiceRunner:
             metrics.handled(event_type).observe(time.perf_counter() - started)
         if clock is not None:
             clock.since(f"{self.config.name}.done", started)
-        if not misrouted:  # the forwarded copy, if this member owns its partition too, is still to come
+        # Not when misrouted: the forwarded copy, if this member owns its partition too, is still to come.
+        if not misrouted and ctx.remembered:
             self.dedup.add(event.event_id)
         self.stats["processed"] += 1
 

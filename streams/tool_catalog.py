@@ -1,14 +1,34 @@
 """Which tools exist: the compacted topic ``agent.tools``, written by tool workers, read by submit and the planner.
 
-A tool worker publishes one ``ToolRegistered`` per tool it serves (key: the tool's name) and waits for the
-broker's acknowledgement before it joins its consumer group, so a task naming a tool is accepted only if
-some worker has said it can run it. Compaction keeps the latest registration of every tool for as long
-as the topic lives.
+A tool worker publishes one ``ToolRegistered`` per tool it serves and waits for the broker's
+acknowledgement before it joins its consumer group, so a task naming a tool is accepted only if some
+worker has said it can run it.
 
 Why a topic and not a table: submitting a task is publishing to Kafka, and checking its tool names must
 not add PostgreSQL to that path (a database outage used to make every submit fail). One place per
 concept: the topic is the only record of registered tools. The ``tools`` table of migration 0002 is
 neither written nor read any more (nothing else used it); it stays until a migration drops it.
+
+Versions: which worker started last must not decide a tool's metadata (an older worker restarted during
+a rolling upgrade would otherwise turn ``requires_approval`` back off for everyone). A tool's definition
+declares a metadata version (``@tool(version=N)``, from 1; registrations from before versions read as 0),
+and against the catalogue's current registration of the tool (``judge``):
+
+- a higher version replaces it;
+- the same version with the same metadata (description, parameters, ``requires_approval``) is the same
+  registration; with other metadata it is a *conflict*, refused;
+- a lower version is refused.
+
+So ``requires_approval`` (like anything else) changes only with a newer version. The rule is applied
+twice: a worker reads the catalogue before it registers and does not publish a refused registration
+(``register`` logs it as an error; the worker still serves the tool, under its own definition), and
+every reader folds the topic with the same rule (``current``), so a registration published anyway (a
+worker from before this rule, a race between two workers) changes nothing either. For that to survive
+compaction, a record's key is ``{name}@{version}:{metadata digest}``, not the name: compaction keeps
+every distinct registration, only identical ones collapse, and no record can erase a higher version
+(records of workers from before versions, keyed by name alone, are version 0). Equal-version conflicts
+are decided by publication order (the first one stays), which is why a worker never republishes a
+registration that is already there.
 
 Topics carry the settings' prefix, so each test pipeline and each replay session has a catalogue of
 its own; a replay session that plans without serving tools copies the original's (``copy_catalogue``).
@@ -24,7 +44,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
@@ -33,6 +53,7 @@ from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
 from agentstream.streams.events import ToolRegistered
+from agentstream.streams.outages import KAFKA
 
 if TYPE_CHECKING:
     from agentstream.streams.runtime import Runtime
@@ -48,38 +69,128 @@ class ToolCatalogUnavailable(AgentStreamError):
     the topic yet. Retriable: it says nothing about the task, only about the broker."""
 
     retriable = True
+    #: Set where the reader is a worker starting (``register``): an outage to wait out, not a failure.
+    dependency: str | None = None
 
 
 @dataclass(frozen=True)
 class ToolInfo:
-    """What the model and the submitter are told about a tool."""
+    """What the model and the submitter are told about a tool, and its metadata version."""
 
     name: str
     description: str
     parameters: dict[str, Any] = field(default_factory=dict)
     requires_approval: bool = False
+    version: int = 1
+
+
+#: What a registration would do to the catalogue's current one for its tool (``judge``).
+Judgement: TypeAlias = Literal["new", "newer", "same", "older", "conflict"]
+#: The judgements under which a registration becomes the tool's current one.
+ACCEPTED: frozenset[Judgement] = frozenset({"new", "newer"})
 
 
 def registration(tool: ToolInfo, *, worker: str) -> ToolRegistered:
     """The event saying that ``worker`` serves ``tool``. Its id is derived from what it says, so a worker
     that restarts republishes the same event (same id), and a changed tool is a new event."""
     parameters = json.dumps(tool.parameters, sort_keys=True)
-    content = json.dumps([tool.description, parameters, tool.requires_approval, worker])
+    content = json.dumps([tool.description, parameters, tool.requires_approval, worker, tool.version])
     return ToolRegistered.build(run_id=RUN_ID, step=f"{RUN_ID}:{tool.name}", service="tools",
                                 part=hashlib.sha256(content.encode()).hexdigest()[:16], name=tool.name,
                                 description=tool.description, parameters=parameters,
-                                requires_approval=tool.requires_approval, registered_by=worker)
+                                requires_approval=tool.requires_approval, registered_by=worker,
+                                version=tool.version)
 
 
-async def register(runtime: Runtime, tools: Iterable[ToolInfo], *, worker: str) -> None:
+def _metadata(event: ToolRegistered) -> tuple[str, str, bool]:
+    """What a registration says about its tool (not who registered it), parameters in one spelling."""
+    try:
+        parameters = json.dumps(json.loads(event.parameters), sort_keys=True)
+    except ValueError:
+        parameters = event.parameters
+    return event.description, parameters, event.requires_approval
+
+
+def record_key(event: ToolRegistered) -> str:
+    """``{name}@{version}:{digest of the metadata}``: one compacted slot per distinct registration."""
+    digest = hashlib.sha256(json.dumps([event.version, *_metadata(event)]).encode()).hexdigest()[:16]
+    return f"{event.name}@{event.version}:{digest}"
+
+
+def judge(candidate: ToolRegistered, stored: ToolRegistered | None) -> Judgement:
+    """What ``candidate`` would do to ``stored``, the current registration of the same tool."""
+    if stored is None:
+        return "new"
+    if candidate.version != stored.version:
+        return "newer" if candidate.version > stored.version else "older"
+    return "same" if _metadata(candidate) == _metadata(stored) else "conflict"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A registration the catalogue did not take: ``judgement`` is ``older`` or ``conflict`` against ``stored``."""
+
+    event: ToolRegistered
+    stored: ToolRegistered
+    judgement: Judgement
+
+    def describe(self) -> str:
+        e, s = self.event, self.stored
+        why = (f"its version {e.version} is lower than the catalogue's {s.version}" if self.judgement == "older"
+               else f"version {e.version} is already registered with other metadata")
+        return (f"tool {e.name!r} version {e.version} from {e.registered_by} refused: {why} (registered by "
+                f"{s.registered_by}, requires_approval={s.requires_approval}); that registration stays. Declare a "
+                f"higher version (@tool(version=...)) to change a tool's metadata")
+
+
+def current(registrations: Iterable[ToolRegistered]) -> tuple[dict[str, ToolRegistered], list[Refused]]:
+    """Each tool's current registration, folding ``registrations`` in the order they were published
+    (``judge``), and the ones refused on the way."""
+    tools: dict[str, ToolRegistered] = {}
+    refused: list[Refused] = []
+    for event in registrations:
+        stored = tools.get(event.name)
+        judgement = judge(event, stored)
+        if judgement in ACCEPTED:
+            tools[event.name] = event
+        elif judgement != "same":
+            assert stored is not None
+            refused.append(Refused(event, stored, judgement))
+    return tools, refused
+
+
+async def register(runtime: Runtime, tools: Iterable[ToolInfo], *, worker: str) -> list[Refused]:
     """Publish the tools a worker serves on ``agent.tools`` and return once the broker has acknowledged
     every one (``acks=all``): the worker joins its group only then, so no submit that saw the tool can
-    reach a pipeline that has not."""
-    await _publish(runtime, [registration(t, worker=worker) for t in tools])
+    reach a pipeline that has not. Reads the catalogue first: a registration that is already there is
+    not published again, and one the catalogue would refuse (an older version, or a conflicting one) is
+    not published at all but logged as an error and returned."""
+    catalog = ToolCatalog.for_runtime(runtime)
+    try:
+        stored = {e.name: e for e in await catalog.registrations()}
+    except ToolCatalogUnavailable as exc:
+        exc.dependency = KAFKA  # a worker starting while the broker is away waits it out (outages.wait_out)
+        raise
+    finally:
+        await catalog.close()
+    publish: list[ToolRegistered] = []
+    refused: list[Refused] = []
+    for tool in tools:
+        event = registration(tool, worker=worker)
+        previous = stored.get(tool.name)
+        judgement = judge(event, previous)
+        if judgement in ACCEPTED:
+            publish.append(event)
+        elif judgement != "same":
+            assert previous is not None
+            refused.append(Refused(event, previous, judgement))
+            log.error("tool catalogue: %s", refused[-1].describe())
+    await _publish(runtime, publish)
+    return refused
 
 
 async def _publish(runtime: Runtime, events: list[ToolRegistered]) -> None:
-    acks = [await runtime.send(runtime.topics.tools, e, key=e.name) for e in events]
+    acks = [await runtime.send(runtime.topics.tools, e, key=record_key(e)) for e in events]
     await asyncio.gather(*acks)
 
 
@@ -94,7 +205,7 @@ def _info(event: ToolRegistered) -> ToolInfo | None:
         log.warning("tool catalogue: %s registered by %s has parameters that are not a JSON object; ignored",
                     event.name, event.registered_by)
         return None
-    return ToolInfo(event.name, event.description, parameters, event.requires_approval)
+    return ToolInfo(event.name, event.description, parameters, event.requires_approval, event.version)
 
 
 class ToolCatalog:
@@ -115,7 +226,11 @@ class ToolCatalog:
         self.timeout_s = timeout_s
         self._tp = TopicPartition(topic, 0)
         self._consumer: AIOKafkaConsumer | None = None
+        #: Every registration on the topic by record key (as compaction keeps them), with its offset.
+        self._records: dict[str, tuple[int, ToolRegistered]] = {}
+        #: Each tool's current registration (``current`` over ``_records`` in offset order).
         self._events: dict[str, ToolRegistered] = {}
+        self._reported: set[str] = set()  # refused registrations already logged (by event id)
         self._tools: dict[str, ToolInfo] = {}
         self._loaded_at = -math.inf
         self._read_started = -math.inf  # when the last successful read began
@@ -151,7 +266,7 @@ class ToolCatalog:
         return [tools[n] for n in names if n in tools]
 
     async def registrations(self) -> list[ToolRegistered]:
-        """The latest registration of every tool, as published (after a refresh)."""
+        """The current registration of every tool, as published (after a refresh)."""
         await self.refresh()
         return list(self._events.values())
 
@@ -184,13 +299,19 @@ class ToolCatalog:
         consumer = self._consumer
         self._waiting_for = "its end offset"
         end = (await consumer.end_offsets([self._tp]))[self._tp]
-        events = {} if fresh else self._events  # from scratch: a compacted-away tombstone leaves nothing stale
+        records = {} if fresh else self._records  # from scratch: a compacted-away tombstone leaves nothing stale
         self._waiting_for = f"its records up to offset {end}"
         while await consumer.position(self._tp) < end:
             batch = await consumer.getmany(self._tp, timeout_ms=200)
             for record in batch.get(self._tp, []):
                 await self.codec.learn(record.value)  # a newer worker's registration: its schema's id
-                self._apply(events, record)
+                self._apply(records, record)
+        self._records = records
+        events, refused = current(e for _, e in sorted(records.values(), key=lambda r: r[0]))
+        for refusal in refused:
+            if refusal.event.event_id not in self._reported:
+                self._reported.add(refusal.event.event_id)
+                log.warning("tool catalogue %s: %s", self.topic, refusal.describe())
         self._events = events
         self._tools = {name: info for name, e in events.items() if (info := _info(e)) is not None}
 
@@ -218,11 +339,13 @@ class ToolCatalog:
                 return
             await asyncio.sleep(0.2)
 
-    def _apply(self, events: dict[str, ToolRegistered], record: ConsumerRecord[bytes, bytes]) -> None:
-        """The latest record of a key wins; a tombstone (no value) removes the tool."""
+    def _apply(self, records: dict[str, tuple[int, ToolRegistered]], record: ConsumerRecord[bytes, bytes]) -> None:
+        """The latest record of a key wins, as compaction has it; a tombstone (no value) removes that key's
+        registration (a tool's registrations are removed by tombstoning each of their keys)."""
+        key = record.key.decode(errors="replace") if record.key is not None else None
         if record.value is None:
-            if record.key is not None:
-                events.pop(record.key.decode(errors="replace"), None)
+            if key is not None:
+                records.pop(key, None)
             return
         try:
             event = self.codec.decode(record.value)
@@ -230,7 +353,7 @@ class ToolCatalog:
             log.warning("tool catalogue: %s offset %d skipped: %s", self.topic, record.offset, exc)
             return
         if isinstance(event, ToolRegistered):
-            events[event.name] = event
+            records[key or record_key(event)] = (record.offset, event)
 
     async def _drop_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None

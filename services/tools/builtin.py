@@ -18,7 +18,7 @@ import ast
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentstream.services.tools.http import HttpGetConfig, http_get_tool
@@ -130,14 +130,18 @@ class BuiltinConfig:
     http_get: HttpGetConfig | None = None
     sql_query: SqlQueryConfig | None = field(default_factory=SqlQueryConfig)
     retrieve: RetrieveConfig | None = field(default_factory=RetrieveConfig)
+    #: The built-ins' metadata version in the tool catalogue. Their descriptions follow this
+    #: configuration (allowed hosts, row and k limits), and the catalogue keeps a tool's metadata until
+    #: a higher version comes (streams/tool_catalog.py): raise it when changing one of those settings.
+    version: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> BuiltinConfig:
         """From ``AGENTSTREAM_HTTP_ALLOWED_HOSTS`` (comma-separated; empty: http_get off),
         ``AGENTSTREAM_HTTP_ALLOW_PRIVATE`` (1: allowlisted hosts may resolve to private addresses),
         ``AGENTSTREAM_HTTP_MAX_BYTES``, ``AGENTSTREAM_HTTP_TIMEOUT_S``, ``AGENTSTREAM_SQL_TIMEOUT_S``,
-        ``AGENTSTREAM_SQL_MAX_ROWS``, ``AGENTSTREAM_SQL_MAX_BYTES``, ``AGENTSTREAM_SQL_POOL_SIZE``. The caller
-        passes the environment (streams/config.py reads it)."""
+        ``AGENTSTREAM_SQL_MAX_ROWS``, ``AGENTSTREAM_SQL_MAX_BYTES``, ``AGENTSTREAM_SQL_POOL_SIZE``,
+        ``AGENTSTREAM_BUILTIN_TOOLS_VERSION``. The caller passes the environment (streams/config.py reads it)."""
 
         def number(name: str, kind: type, default: Any) -> Any:
             raw = environ.get(name, "").strip()
@@ -164,7 +168,7 @@ class BuiltinConfig:
                                  pool_size=number("AGENTSTREAM_SQL_POOL_SIZE", int, defaults.pool_size))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        return cls(http_get=http, sql_query=sql)
+        return cls(http_get=http, sql_query=sql, version=number("AGENTSTREAM_BUILTIN_TOOLS_VERSION", int, 1))
 
 
 def builtin_tools(config: BuiltinConfig | None = None) -> list[Tool]:
@@ -177,7 +181,7 @@ def builtin_tools(config: BuiltinConfig | None = None) -> list[Tool]:
         tools.append(retrieve_tool(config.retrieve))
     if config.http_get is not None:
         tools.append(http_get_tool(config.http_get))
-    return tools
+    return tools if config.version == 1 else [replace(t, version=config.version) for t in tools]
 
 
 def tools_for(modules: Sequence[str], config: BuiltinConfig | None = None) -> list[Tool]:

@@ -90,6 +90,10 @@ class Tool(Generic[P, R]):
     max_backoff_s: float = 5.0
     #: Whether running past ``timeout_s`` is worth another attempt (safe only for repeatable tools).
     retry_on_timeout: bool = False
+    #: The version of what the tool tells the catalogue (description, parameters, ``requires_approval``):
+    #: raise it with every change, or the catalogue refuses the new metadata as a conflict and keeps the
+    #: old; a worker with a lower version cannot change it back (streams/tool_catalog.py).
+    version: int = 1
     _hints: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,8 @@ class Tool(Generic[P, R]):
             raise ValueError(f"tool {self.name}: max_attempts must be at least 1")
         if self.timeout_s <= 0 or self.backoff_s < 0:
             raise ValueError(f"tool {self.name}: timeout_s must be positive and backoff_s not negative")
+        if self.version < 1:
+            raise ValueError(f"tool {self.name}: version must be at least 1")
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
         return self.fn(*args, **kwargs)
@@ -108,7 +114,7 @@ class Tool(Generic[P, R]):
         return base * (0.5 + random.random() / 2)
 
     def info(self) -> ToolInfo:
-        return ToolInfo(self.name, self.description, self.parameters, self.requires_approval)
+        return ToolInfo(self.name, self.description, self.parameters, self.requires_approval, self.version)
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """The arguments, checked against the schema (ints accepted for floats, nothing else coerced)."""
@@ -180,14 +186,15 @@ def tool(fn: Callable[P, Awaitable[R]]) -> Tool[P, R]: ...
 @overload
 def tool(fn: None = None, *, name: str | None = None, description: str | None = None,
          timeout_s: float = 10.0, requires_approval: bool = False, max_attempts: int = 1,
-         backoff_s: float = 0.2, max_backoff_s: float = 5.0,
-         retry_on_timeout: bool = False) -> Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]: ...
+         backoff_s: float = 0.2, max_backoff_s: float = 5.0, retry_on_timeout: bool = False,
+         version: int = 1) -> Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]: ...
 
 
 def tool(fn: Callable[P, Awaitable[R]] | None = None, *, name: str | None = None,
          description: str | None = None, timeout_s: float = 10.0, requires_approval: bool = False,
          max_attempts: int = 1, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
-         retry_on_timeout: bool = False) -> Tool[P, R] | Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]:
+         retry_on_timeout: bool = False, version: int = 1,
+         ) -> Tool[P, R] | Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]:
     """Make an async function a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(...)``).
     The tool keeps the function's type: ``Tool[P, R]`` for an ``async def f(*P) -> R``."""
 
@@ -213,7 +220,7 @@ def tool(fn: Callable[P, Awaitable[R]] | None = None, *, name: str | None = None
                     parameters={"type": "object", "properties": props, "required": required},
                     timeout_s=timeout_s, requires_approval=requires_approval, context_param=context_param,
                     max_attempts=max_attempts, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
-                    retry_on_timeout=retry_on_timeout)
+                    retry_on_timeout=retry_on_timeout, version=version)
 
     return wrap(fn) if fn is not None else wrap
 

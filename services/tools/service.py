@@ -1,4 +1,13 @@
-"""The tool service: ToolCallRequested in, ToolCallCompleted out; a step's tool runs at most once.
+"""The tool service: ToolCallRequested in, ToolCallCompleted out; a step's tool runs at most once, and
+only if its run asked for it.
+
+Anyone who can reach the broker can publish a request, so none is taken on trust: the same statement
+that claims a call checks it against its run's record in PostgreSQL (the run exists and is not over, the
+tool is one of its tools, the step is its pending tool call with these arguments, approved when the tool
+needs approval: streams/tool_calls.py). A refused call is not run; it goes to the dead-letter topic with
+the reason (error kind ``refused``) and produces no result the planner could apply — except when the run
+asked for exactly this call and only this worker's stricter definition of the tool (it needs approval)
+stands in the way: then the run gets that as the step's error result.
 
 Before a tool runs, a row keyed by the step id is inserted in ``tool_calls`` (status ``running``); when
 it finishes the row gets the result. A redelivered request (a planner republishing after a crash, a
@@ -41,6 +50,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
+from agentstream.streams import tool_calls
 from agentstream.streams.codec import DecodeError
 from agentstream.streams.dlq import Rejected, publish_dead_letter
 from agentstream.streams.events import (
@@ -54,10 +64,14 @@ from agentstream.streams.outages import DATABASE, outage_of
 from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
 from agentstream.streams.store import pg_text, to_json
 from agentstream.streams.telemetry import stages
+from agentstream.streams.tool_calls import EarlierCall, Verdict
 
 log = logging.getLogger(__name__)
 SERVICE = "tools"
 RETRIES_EXHAUSTED = "retries_exhausted"
+#: A call its run did not ask for, or may not have yet (streams/tool_calls.py): an error result's kind
+#: when the run asked for it, else the dead letter's.
+REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,7 @@ class Outcome:
     attempts: int
     result: str | None = None
     error: str | None = None
-    #: unknown_tool | invalid_arguments | timeout | tool_error | retries_exhausted | interrupted
+    #: unknown_tool | invalid_arguments | timeout | tool_error | retries_exhausted | interrupted | refused
     error_kind: str | None = None
 
 
@@ -103,22 +117,39 @@ class ToolService:
             raise TypeError(f"the tool service does not handle {type(event).__name__}")
         started = time.perf_counter()
         tool = self.tools.get(event.tool)
-        if tool is None:
-            await self._reply(ctx, event, started, Outcome(0, error=f"unknown tool {event.tool!r}; this worker "
-                                                                  f"serves {', '.join(sorted(self.tools)) or 'none'}",
-                                                           error_kind="unknown_tool"))
-            return
+        problem: Outcome | None = None  # an error answer that needs no execution
+        arguments: dict[str, Any] = {}
         try:
-            arguments = tool.validate(json.loads(event.arguments))
-        except (json.JSONDecodeError, ToolArgumentError) as exc:
-            await self._reply(ctx, event, started, Outcome(0, error=f"invalid arguments: {exc}",
-                                                           error_kind="invalid_arguments"))
-            return
+            parsed = json.loads(event.arguments)
+            arguments_json: str | None = to_json(parsed)
+        except json.JSONDecodeError as exc:
+            arguments_json = None
+            problem = Outcome(0, error=f"invalid arguments: {exc}", error_kind="invalid_arguments")
+        if tool is None:
+            problem = Outcome(0, error=f"unknown tool {event.tool!r}; this worker serves "
+                                       f"{', '.join(sorted(self.tools)) or 'none'}", error_kind="unknown_tool")
+        elif problem is None:
+            try:
+                arguments = tool.validate(parsed)
+            except ToolArgumentError as exc:
+                problem = Outcome(0, error=f"invalid arguments: {exc}", error_kind="invalid_arguments")
         clock = stages.clock()
         claiming = time.perf_counter()
-        previous = await self._claim(event, arguments)
+        # The run's record decides first, even for a call answered with an error: any answer is one the
+        # planner may apply, and only a call its run asked for may have one (streams/tool_calls.py).
+        verdict = await tool_calls.claim(self.pool, event, arguments_json, prefix=self.runtime.topics.prefix,
+                                         requires_approval=tool is not None and tool.requires_approval,
+                                         execute=problem is None)
         if clock is not None:
             clock.since("tools.claim", claiming)
+        if verdict.refusal is not None:
+            await self._refuse(ctx, event, started, verdict)
+            return
+        if problem is not None:
+            await self._reply(ctx, event, started, problem)
+            return
+        assert tool is not None  # (no tool is a problem)
+        previous = verdict.earlier
         unrecorded = self._unrecorded.get(event.step_id)
         stopped = self._stopped.get(event.step_id)
         if previous is not None and unrecorded is None and stopped is None:
@@ -201,18 +232,6 @@ class ToolService:
             return outage_of(probe) == DATABASE
         return False
 
-    async def _claim(self, event: ToolCallRequested, arguments: dict[str, Any]) -> asyncpg.Record | None:
-        """Insert the running row; return the existing row when this step was seen before."""
-        inserted = await self.pool.fetchval(
-            """INSERT INTO tool_calls (step_id, run_id, tool, arguments, status)
-               VALUES ($1, $2, $3, $4::jsonb, 'running') ON CONFLICT (step_id) DO NOTHING RETURNING step_id""",
-            event.step_id, event.run_id, event.tool, to_json(arguments))
-        if inserted is not None:
-            return None
-        return await self.pool.fetchrow(
-            "SELECT status, result::text AS result, error, error_kind, attempts FROM tool_calls WHERE step_id = $1",
-            event.step_id)
-
     async def _finish(self, event: ToolCallRequested, outcome: Outcome) -> None:
         await self.pool.execute(
             """UPDATE tool_calls SET status = $2, result = $3::jsonb, error = $4, error_kind = $5, attempts = $6,
@@ -222,20 +241,44 @@ class ToolService:
             None if outcome.result is None else to_json(json.loads(outcome.result)), pg_text(outcome.error),
             outcome.error_kind, outcome.attempts)
 
-    async def _replay(self, ctx: Context, event: ToolCallRequested, started: float, row: asyncpg.Record) -> None:
-        if row["status"] == "succeeded":
-            await self._reply(ctx, event, started, Outcome(row["attempts"], result=row["result"]), replayed=True)
-        elif row["status"] == "failed":
-            outcome = Outcome(row["attempts"], error=row["error"], error_kind=row["error_kind"])
+    async def _replay(self, ctx: Context, event: ToolCallRequested, started: float, row: EarlierCall) -> None:
+        if row.status == "succeeded":
+            await self._reply(ctx, event, started, Outcome(row.attempts, result=row.result), replayed=True)
+        elif row.status == "failed":
+            outcome = Outcome(row.attempts, error=row.error, error_kind=row.error_kind)
             await self._reply(ctx, event, started, outcome, replayed=True)
             if outcome.error_kind == RETRIES_EXHAUSTED:  # the first letter may not have been sent: same id again
                 await self._dead_letter(ctx, event, outcome.error or "")
         else:
             log.warning("tools: %s was interrupted mid-execution; not running it again", event.step_id)
             await self._reply(ctx, event, started, Outcome(
-                row["attempts"], error_kind="interrupted",
+                row.attempts, error_kind="interrupted",
                 error="interrupted: an earlier attempt started but did not finish; the tool was not run again "
                       "because its effects may already have happened"), replayed=True)
+
+    async def _refuse(self, ctx: Context, event: ToolCallRequested, started: float, verdict: Verdict) -> None:
+        """A call its run's record does not allow is never run. If the run asked for exactly this call
+        (``Verdict.answers_the_run``), the run gets the refusal as the step's error result. Otherwise
+        nothing is published that the planner could apply — a forged request must not answer a real step
+        — and the request goes to the dead-letter topic with the reason, under the run id it named."""
+        log.warning("tools: refused %s (run %s, tool %s, from %s): %s", event.step_id, event.run_id, event.tool,
+                    event.producer.instance, verdict.reason)
+        if verdict.answers_the_run:
+            await self._reply(ctx, event, started, Outcome(0, error=verdict.reason, error_kind=REFUSED))
+            return
+        ctx.forget()  # event ids are predictable: a forgery must not make the real request a duplicate
+        record = ctx.record
+        await publish_dead_letter(self.runtime, Rejected(
+            run_id=event.run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}", service=SERVICE,
+            parent_step_id=event.step_id, consumer=SERVICE, source_topic=record.topic,
+            source_partition=record.partition, source_offset=record.offset, key=record.key,
+            value=self.runtime.codec.encode(event), headers=record.headers, error_kind=REFUSED,
+            reason=verdict.reason))
+        if self._metrics is not None:
+            self._observe(event.tool, REFUSED, time.perf_counter() - started)
+        span = getattr(ctx, "span", None)
+        if span is not None:
+            span.set_attributes({"agentstream.tool": event.tool, "agentstream.refused": verdict.refusal or ""})
 
     async def _reply(self, ctx: Context, event: ToolCallRequested, started: float, outcome: Outcome, *,
                      replayed: bool = False) -> None:

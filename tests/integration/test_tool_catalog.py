@@ -18,7 +18,13 @@ from agentstream.services.tools.builtin import tools_for
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.client import AgentClient, TaskRejected
 from agentstream.streams.events import Event, InferenceRequested, TaskSubmitted
-from agentstream.streams.tool_catalog import ToolCatalog, ToolCatalogUnavailable, ToolInfo, register
+from agentstream.streams.tool_catalog import (
+    ToolCatalog,
+    ToolCatalogUnavailable,
+    ToolInfo,
+    register,
+    registration,
+)
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -50,7 +56,7 @@ async def test_a_tool_workers_tools_appear_in_a_clients_catalogue(pipe, catalog)
     assert {r.producer.service for r in registrations} == {"tools"}
 
 
-async def test_a_new_tool_is_seen_at_once_and_the_latest_registration_wins(pipe, catalog):
+async def test_a_new_tool_is_seen_at_once_and_a_newer_version_replaces_it(pipe, catalog):
     before = await catalog.all()
     name = f"late_{uuid.uuid4().hex[:6]}"
     late = ToolInfo(name, "Registered after the catalogue was read.", {"type": "object", "properties": {}})
@@ -59,10 +65,49 @@ async def test_a_new_tool_is_seen_at_once_and_the_latest_registration_wins(pipe,
     assert await catalog.unknown([name, "calculator", "no_such_tool"]) == ["no_such_tool"]  # ...but not for an unknown name
     assert await catalog.describe([name]) == [late]
 
-    changed = dataclasses.replace(late, description="Changed.", requires_approval=True)
-    await register(pipe.client.runtime, [changed], worker="another-worker")
+    changed = dataclasses.replace(late, description="Changed.", requires_approval=True, version=2)
+    assert await register(pipe.client.runtime, [changed], worker="another-worker") == []
     assert (await catalog.refresh())[name] == changed
     assert {n: t for n, t in (await catalog.all()).items() if n != name} == before
+
+
+async def test_an_older_or_conflicting_registration_cannot_change_a_tool(pipe, catalog):
+    """The last worker to start does not decide: a registration with a lower version, or the same version
+    with other metadata, is refused — by the worker before it publishes, and by every reader when one
+    is published anyway (a worker from before versions) — and requires_approval stays on."""
+    topics = pipe.client.runtime.topics
+    tp = TopicPartition(topics.tools, 0)
+    name = f"guarded_{uuid.uuid4().hex[:6]}"
+    params = {"type": "object", "properties": {"amount": {"type": "number"}}}
+    guarded = ToolInfo(name, "Move money; needs approval.", params, requires_approval=True, version=2)
+    assert await register(pipe.client.runtime, [guarded], worker="new-workers") == []
+    assert await register(pipe.client.runtime, [guarded], worker="new-workers") == []  # already there
+    before = (await end_offsets(pipe.settings, [tp]))[tp]
+
+    older = dataclasses.replace(guarded, description="Move money.", requires_approval=False, version=1)
+    conflicting = dataclasses.replace(guarded, requires_approval=False)  # version 2, other metadata
+    refused = await register(pipe.client.runtime, [older, conflicting], worker="old-workers")
+    assert [(r.event.version, r.judgement) for r in refused] == [(1, "older"), (2, "conflict")]
+    assert (await end_offsets(pipe.settings, [tp]))[tp] == before  # nothing was published
+    assert (await catalog.refresh())[name] == guarded
+
+    # Published regardless, as a worker from before this rule would (keyed by the tool's name; an
+    # unversioned one reads as version 0): every reader still refuses them, a fresh one included.
+    rogue = [registration(older, worker="old-workers"), registration(conflicting, worker="old-workers"),
+             dataclasses.replace(registration(older, worker="ancient-workers"), version=0)]
+    for event in rogue:
+        await (await pipe.client.runtime.send(topics.tools, event, key=event.name))
+    assert (await catalog.refresh())[name] == guarded
+    fresh = ToolCatalog.for_runtime(pipe.client.runtime)
+    try:
+        assert (await fresh.describe([name])) == [guarded]
+    finally:
+        await fresh.close()
+
+    # A newer version may turn approval off.
+    relaxed = dataclasses.replace(guarded, requires_approval=False, version=3)
+    assert await register(pipe.client.runtime, [relaxed], worker="newer-workers") == []
+    assert (await catalog.refresh())[name] == relaxed
 
 
 async def test_submit_succeeds_while_postgresql_is_unreachable(pipe):

@@ -3,7 +3,8 @@ exhausted retries (a failed step and a dead letter), the read-only ``sql_query``
 events, and a tool worker killed with ``kill -9`` mid-execution (the tool does not run again).
 
 A tool outside the task's allowlist is refused by the planner before any tool service sees it:
-tests/integration/test_pipeline.py::test_unparseable_and_disallowed_replies_are_handled.
+tests/integration/test_pipeline.py::test_unparseable_and_disallowed_replies_are_handled; and by the tool
+service when a request is published to its topic by anyone else: tests/integration/test_forged_tool_calls.py.
 """
 
 from __future__ import annotations

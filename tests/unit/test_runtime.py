@@ -367,6 +367,30 @@ async def test_a_revoked_partitions_unfinished_record_is_cancelled_uncommitted_a
     assert svc.runner.stats["dead_lettered"] == 0
 
 
+class Forgetter(Handler):
+    """Tells the runtime to forget the event ids of the steps in ``forget`` (as the tool service does for
+    a refused request)."""
+
+    def __init__(self, *forget: str) -> None:
+        super().__init__()
+        self.forget = set(forget)
+
+    async def act(self, event: Event, ctx: Context) -> None:
+        if event.step_id in self.forget:
+            ctx.forget()
+
+
+async def test_a_forgotten_event_id_is_handled_again_when_it_comes_again(kafka, codec):
+    """Event ids are predictable: a record refused for what it claims must not make a later record
+    with the same id (the real one) a duplicate. Others are still dropped."""
+    handler = Forgetter("a:0")
+    produce(kafka, codec, 0, "a:0", "b:0", "a:0", "b:0")  # each step twice, with the same event id
+    async with Service(kafka, codec, handler) as svc:
+        await until(lambda: svc.runner.stats["processed"] == 3 and svc.runner.stats["duplicates"] == 1)
+    assert handler.calls == Counter({"a:0": 2, "b:0": 1})
+    assert kafka.committed == {TP0: 4}
+
+
 async def test_an_abandoned_record_is_neither_committed_nor_dead_lettered(kafka, codec):
     handler = Handler()
     handler.fail["b:0"] = lambda n: Abandoned("partition 0 belongs to another member now") if n == 1 else None

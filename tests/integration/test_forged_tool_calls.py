@@ -1,0 +1,161 @@
+"""Tool requests published straight to ``agent.tool.requests`` (a raw producer, as anyone who can reach the
+broker could) are checked against their run's record before anything runs (streams/tool_calls.py): a call
+for a run that does not exist, a tool outside the run's tools, a call waiting for an approval nobody gave,
+a call for a run that has ended, a step id already used by another call. None runs its tool, none gets a
+result the planner could apply, each leaves a dead letter with the reason — and the run the forgeries
+named still runs its real call, once, when it is approved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.codec import codec_for
+from agentstream.streams.events import DeadLetter, ToolCallCompleted, ToolCallRequested, new_run_id
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pipe(settings, effects_table):
+    async with Pipeline.start(isolated(settings, f"t{uuid.uuid4().hex[:8]}."),
+                              WorkerOptions(backend="scripted", tool_modules=TOOLS)) as pipeline:
+        yield pipeline
+
+
+def _forged(run_id: str, step: str, tool: str, arguments: dict) -> ToolCallRequested:
+    """What an attacker would publish. Its event id is derived from the step, so for a real step it is
+    the id of the planner's own request."""
+    return ToolCallRequested.build(run_id=run_id, step=step, service="attacker", tool=tool,
+                                   arguments=json.dumps(arguments, sort_keys=True))
+
+
+async def _publish(pipe, event: ToolCallRequested) -> tuple[int, int]:
+    """Publish ``event`` with a producer of its own, keyed by its run as the planner would; return where
+    it landed (partition, offset)."""
+    topics = pipe.worker.runtime.topics
+    producer = AIOKafkaProducer(bootstrap_servers=pipe.settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topics.tool_requests, codec_for(pipe.settings).encode(event),
+                                            key=event.run_id.encode(), partition=topics.partition_for(event.run_id))
+    finally:
+        await producer.stop()
+    return meta.partition, meta.offset
+
+
+async def _letter(pipe, source: tuple[int, int], timeout: float = 20) -> DeadLetter:
+    """The dead letter of the tool request at ``source`` (partition, offset)."""
+    topics = pipe.worker.runtime.topics
+    dlq = TopicPartition(topics.dlq, 0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        end = (await end_offsets(pipe.settings, [dlq]))[dlq]
+        for letter in await read_events(pipe.settings, dlq, 0, expect=end, timeout=5) if end else []:
+            if (isinstance(letter, DeadLetter) and letter.source_topic == topics.tool_requests
+                    and (letter.source_partition, letter.source_offset) == source):
+                return letter
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no dead letter for the tool request at {source}")
+
+
+async def _results(pipe, run_id: str) -> list[ToolCallCompleted]:
+    """Every ToolCallCompleted published for ``run_id`` so far."""
+    topics = pipe.worker.runtime.topics
+    tp = TopicPartition(topics.tool_results, topics.partition_for(run_id))
+    end = (await end_offsets(pipe.settings, [tp]))[tp]
+    events = await read_events(pipe.settings, tp, 0, expect=end, timeout=5) if end else []
+    return [e for e in events if isinstance(e, ToolCallCompleted) and e.run_id == run_id]
+
+
+async def _refused(pipe, event: ToolCallRequested, refusal: str) -> DeadLetter:
+    """Publish ``event``; check it was dead-lettered as ``refusal`` and carries the request."""
+    letter = await _letter(pipe, await _publish(pipe, event))
+    assert (letter.error_kind, letter.consumer, letter.run_id) == ("refused", "tools", event.run_id), letter
+    assert letter.reason.startswith(f"{refusal}: "), letter.reason
+    original = codec_for(pipe.settings).decode(letter.value or b"")
+    assert isinstance(original, ToolCallRequested) and original.event_id == event.event_id
+    return letter
+
+
+async def _effects(pipe, run_id: str) -> list[str]:
+    pool = await pipe.client.pool()
+    return [r["label"] for r in await pool.fetch("SELECT label FROM test_effects WHERE run_id = $1 ORDER BY id",
+                                                 run_id)]
+
+
+async def _awaiting(pipe, run_id: str, timeout: float = 15) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for waiting in await pipe.client.awaiting_approval():
+            if waiting["run_id"] == run_id:
+                return waiting
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{run_id} never waited for approval")
+
+
+async def test_a_call_for_a_run_that_does_not_exist_is_refused_and_real_runs_go_on(pipe):
+    ghost = new_run_id()
+    forged = _forged(ghost, f"{ghost}:1:tool", "effect", {"label": "forged"})
+    letter = await _refused(pipe, forged, "unknown_run")
+    assert f"run {ghost!r} does not exist" in letter.reason
+    assert await _effects(pipe, ghost) == []
+    assert await _results(pipe, ghost) == []
+    pool = await pipe.client.pool()
+    assert await pool.fetchval("SELECT count(*) FROM tool_calls WHERE run_id = $1", ghost) == 0
+
+    run_id = await pipe.client.submit('[[tool:effect {"label": "real"}]] [[answer:done]]', tools=["effect"],
+                                      prefetch=False)
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok and result.answer == "done", result
+    assert await _effects(pipe, run_id) == ["real"]
+
+
+async def test_calls_the_run_did_not_ask_for_are_refused_and_its_real_call_runs_once(pipe):
+    run_id = await pipe.client.submit('[[tool:transfer {"amount": 5}]] [[answer:sent]]', tools=["transfer"],
+                                      prefetch=False)
+    waiting = await _awaiting(pipe, run_id)
+    step = waiting["step_id"]
+    pool = await pipe.client.pool()
+    version = await pool.fetchval("SELECT version FROM runs WHERE run_id = $1", run_id)
+
+    # (a) a tool outside the run's tools, at the run's own pending step
+    letter = await _refused(pipe, _forged(run_id, step, "effect", {"label": "sneaked"}), "tool_not_allowed")
+    assert "'effect' is not among the tools of run" in letter.reason
+    # (c) the very call that waits for approval, before anyone approved it — with the event id the
+    # planner's request will have: refusing it must not make the real request a duplicate
+    premature = _forged(run_id, step, "transfer", {"amount": 5})
+    await _refused(pipe, premature, "awaiting_approval")
+    assert await _effects(pipe, run_id) == []
+    assert await _results(pipe, run_id) == []  # nothing the planner could take for the step's answer
+    assert await pool.fetchval("SELECT version FROM runs WHERE run_id = $1", run_id) == version
+    assert [w["step_id"] for w in await pipe.client.awaiting_approval() if w["run_id"] == run_id] == [step]
+
+    await pipe.client.approve(run_id, step, by="ana")
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok and result.answer == "sent", result
+    assert await _effects(pipe, run_id) == ["transfer 5"]
+    [real] = await _results(pipe, run_id)
+    assert real.ok and real.step_id == step and not real.replayed, real
+
+    # After the fact: the step's id with other arguments (and an event id of its own: a copy of the real
+    # request's id is dropped as a duplicate before any check) does not get the real call's answer, and
+    # a new step of the ended run is not run.
+    other = dataclasses.replace(_forged(run_id, step, "transfer", {"amount": 5000}), event_id=str(uuid.uuid4()))
+    await _refused(pipe, other, "step_taken")
+    letter = await _refused(pipe, _forged(run_id, f"{run_id}:7:tool", "transfer", {"amount": 1}), "run_finished")
+    assert "has ended (completed)" in letter.reason
+    assert await _effects(pipe, run_id) == ["transfer 5"]
+    assert len(await _results(pipe, run_id)) == 1
+
