@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.streams.codec import Codec, DecodeError
+from agentstream.streams.consumer_stop import stop_consumer
 from agentstream.streams.events import RunCompleted, RunFailed
 from agentstream.streams.kinds import RunOutcome
 from agentstream.streams.telemetry import stages
@@ -91,4 +92,4 @@ class OutcomeWatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.consumer.stop()
+        await stop_consumer(self.consumer, "outcome watcher")

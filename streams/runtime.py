@@ -57,6 +57,7 @@ from agentstream.streams.assignor import copartitioned
 from agentstream.streams.claims import ClaimStore, EventTooLarge
 from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.config import Settings
+from agentstream.streams.consumer_stop import stop_consumer
 from agentstream.streams.dlq import Rejected, publish_dead_letter
 from agentstream.streams.errors import Abandoned, Deferred
 from agentstream.streams.events import ClaimCheck, Event, InferenceRequested
@@ -421,7 +422,7 @@ class ServiceRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await committer
             await self._commit()
-            await self.consumer.stop()  # leaves the group
+            await stop_consumer(self.consumer, cfg.name)  # leaves the group
         if self._failure is not None:
             raise self._failure
 

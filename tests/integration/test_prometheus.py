@@ -33,7 +33,7 @@ PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 CONFIG_DIR = ROOT / "infra" / "prometheus"
 DASHBOARD = ROOT / "infra" / "grafana" / "agentstream.json"
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "15s", "$job": "agentstream.*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "15s", "$job": "agentstream.*"}
 #: Dashboard panels that must show data once the test's workers have run a step with a tool.
 PANELS_WITH_DATA = {"Workers up and ready", "Steps/s by service", "Step latency p50 / p99 by service",
                     "Step duration p50 / p99 by kind", "Tool calls by outcome", "Consumer lag by group",
