@@ -95,3 +95,15 @@ async def read_events(settings: Settings, tp: TopicPartition, start: int, *, exp
 def isolated(settings: Settings, prefix: str, *, partitions: int = 4) -> Settings:
     """The same broker and database, with topics and groups of their own."""
     return replace(settings, topic_prefix=prefix, partitions=partitions)
+
+
+async def wait_awaiting_approval(client: AgentClient, run_id: str, timeout: float = 10.0) -> dict:
+    """The approval request of ``run_id`` (``AgentClient.awaiting_approval``) once the run waits for a
+    person; AssertionError when it does not within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for waiting in await client.awaiting_approval():
+            if waiting["run_id"] == run_id:
+                return waiting
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{run_id} never waited for approval")

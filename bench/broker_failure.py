@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -45,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +59,7 @@ from agentstream.streams.topics import Topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.chaos_procs import groups_ready  # noqa: E402
+from bench.chaos_procs import groups_ready, terminate_all  # noqa: E402
 from bench.chaos_tools import CREATE_EFFECTS_TABLE, EFFECTS_TABLE  # noqa: E402
 
 TASK = ('[[tool:chaos_effect {"label": "first"}]] [[tool:chaos_effect {"label": "second"}]] '
@@ -162,39 +164,41 @@ def longest_gap(times: list[float], start: float, end: float) -> float:
 
 
 async def faults(stack: PrivateStack, victim: int, down_s: float, kinds: set[str]) -> list[Fault]:
-    done = []
-    if "kill" in kinds:
-        fault = Fault("kill", time.time())
+    done: list[Fault] = []
+
+    async def fault(name: str, act: Callable[[], Awaitable[object]]) -> None:
+        """Do one fault, wait until every partition is fully replicated again, then 5 s of calm."""
+        record = Fault(name, time.time())
         started = time.monotonic()
+        await act()
+        await fully_replicated(stack.bootstrap)
+        record.ready_s = time.monotonic() - started
+        done.append(record)
+        await asyncio.sleep(5)
+
+    async def kill() -> None:
         await stack.kill_kafka(victim)
         await asyncio.sleep(down_s)
         await stack.start_kafka()
-        await fully_replicated(stack.bootstrap)
-        fault.ready_s = time.monotonic() - started
-        done.append(fault)
-        await asyncio.sleep(5)
-    if "freeze" in kinds:  # a hung host: connections stay open, nothing answers, no reset
+
+    async def freeze() -> None:  # a hung host: connections stay open, nothing answers, no reset
         pid = stack.kafka_pid(victim)
         assert pid is not None
-        fault = Fault("freeze", time.time())
-        started = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         await asyncio.sleep(down_s)
         os.kill(pid, signal.SIGCONT)
-        await fully_replicated(stack.bootstrap)
-        fault.ready_s = time.monotonic() - started
-        done.append(fault)
-        await asyncio.sleep(5)
+
+    async def restart(node: int) -> None:
+        await stack.stop_kafka(node)
+        await stack.start_kafka()
+
+    if "kill" in kinds:
+        await fault("kill", kill)
+    if "freeze" in kinds:
+        await fault("freeze", freeze)
     if "rolling" in kinds:
         for node in (1, 2, 3):
-            fault = Fault(f"restart-{node}", time.time())
-            started = time.monotonic()
-            await stack.stop_kafka(node)
-            await stack.start_kafka()
-            await fully_replicated(stack.bootstrap)
-            fault.ready_s = time.monotonic() - started
-            done.append(fault)
-            await asyncio.sleep(5)
+            await fault(f"restart-{node}", functools.partial(restart, node))
     return done
 
 
@@ -269,13 +273,7 @@ def main() -> None:
     procs = start_workers(stack, settings, work)
 
     def clean_up() -> None:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate_all(procs)
         asyncio.run(stack.close())
 
     try:

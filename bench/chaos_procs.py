@@ -241,6 +241,18 @@ async def model_ready(port: int, timeout_s: float = READY_TIMEOUT_S) -> None:
             await asyncio.sleep(0.2)
 
 
+def terminate_all(procs: list[subprocess.Popen], grace_s: float = 30.0) -> None:
+    """SIGTERM every process first (they shut down in parallel), then wait for each; SIGKILL after
+    ``grace_s``."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 async def groups_ready(bootstrap: str, expected: dict[str, int], sup: Supervisor | None = None) -> None:
     """Until each consumer group is stable with the expected number of members."""
     deadline = time.monotonic() + READY_TIMEOUT_S

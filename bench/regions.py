@@ -63,7 +63,7 @@ from agentstream.streams.client import AgentClient  # noqa: E402
 from agentstream.streams.config import DEFAULT_DATABASE, Settings, StackPaths  # noqa: E402
 from agentstream.streams.replay import timeline  # noqa: E402
 from agentstream.streams.topics import Topics, ensure_topics  # noqa: E402
-from bench.chaos_procs import groups_ready  # noqa: E402
+from bench.chaos_procs import groups_ready, terminate_all  # noqa: E402
 from bench.testnet import TestNetwork, available  # noqa: E402
 
 HOSTS = ["kafka", "postgres", "planner", "inference", "tools", "client"]
@@ -339,13 +339,7 @@ def main() -> None:
         asyncio.run(groups_ready(settings.kafka_bootstrap, expected))
         results = measure(net, settings, placements, runs, task_for(args.model, args.model_ms))
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate_all(procs)
         for pid in pids:
             with contextlib.suppress(Exception):
                 ref = process.ProcessRef.of(pid)

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.codec import codec_for
 from agentstream.streams.events import DeadLetter, ToolCallCompleted, ToolCallRequested, new_run_id
-from agentstream.testing import Pipeline, end_offsets, isolated, read_events
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events, wait_awaiting_approval
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
@@ -95,16 +95,6 @@ async def _effects(pipe, run_id: str) -> list[str]:
                                                  run_id)]
 
 
-async def _awaiting(pipe, run_id: str, timeout: float = 15) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for waiting in await pipe.client.awaiting_approval():
-            if waiting["run_id"] == run_id:
-                return waiting
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{run_id} never waited for approval")
-
-
 async def test_a_call_for_a_run_that_does_not_exist_is_refused_and_real_runs_go_on(pipe):
     ghost = new_run_id()
     forged = _forged(ghost, f"{ghost}:1:tool", "effect", {"label": "forged"})
@@ -125,7 +115,7 @@ async def test_a_call_for_a_run_that_does_not_exist_is_refused_and_real_runs_go_
 async def test_calls_the_run_did_not_ask_for_are_refused_and_its_real_call_runs_once(pipe):
     run_id = await pipe.client.submit('[[tool:transfer {"amount": 5}]] [[answer:sent]]', tools=["transfer"],
                                       prefetch=False)
-    waiting = await _awaiting(pipe, run_id)
+    waiting = await wait_awaiting_approval(pipe.client, run_id, 15)
     step = waiting["step_id"]
     pool = await pipe.client.pool()
     version = await pool.fetchval("SELECT version FROM runs WHERE run_id = $1", run_id)

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.testing import Pipeline, isolated
+from agentstream.testing import Pipeline, isolated, wait_awaiting_approval
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
@@ -53,7 +53,7 @@ async def test_prefetch_answers_the_models_retrieval(pipe):
 async def test_tool_call_waits_for_approval_then_runs_once(pipe):
     run_id = await pipe.client.submit('[[tool:transfer {"amount": 5}]] [[answer:sent]]', tools=["transfer"],
                                       prefetch=False)
-    waiting = await _awaiting(pipe, run_id)
+    waiting = await wait_awaiting_approval(pipe.client, run_id, 10)
     assert waiting["tool"] == "transfer" and waiting["arguments"] == {"amount": 5}
     pool = await pipe.client.pool()
     assert await pool.fetchval("SELECT count(*) FROM test_effects WHERE run_id = $1", run_id) == 0
@@ -70,7 +70,7 @@ async def test_tool_call_waits_for_approval_then_runs_once(pipe):
 async def test_denied_tool_call_is_told_to_the_model(pipe):
     run_id = await pipe.client.submit('[[tool:transfer {"amount": 9}]] [[answer:not sent]]', tools=["transfer"],
                                       prefetch=False)
-    waiting = await _awaiting(pipe, run_id)
+    waiting = await wait_awaiting_approval(pipe.client, run_id, 10)
     await pipe.client.deny(run_id, waiting["step_id"], reason="over the limit", by="ana")
     result = await pipe.client.wait(run_id, timeout=30)
     assert result.ok and result.answer == "not sent"
@@ -80,21 +80,11 @@ async def test_denied_tool_call_is_told_to_the_model(pipe):
     assert "denied by a person: over the limit" in state
 
 
-async def _awaiting(pipe, run_id: str, timeout: float = 10) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for waiting in await pipe.client.awaiting_approval():
-            if waiting["run_id"] == run_id:
-                return waiting
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{run_id} never waited for approval")
-
-
 async def test_deadline_fails_a_run_waiting_for_approval(pipe):
     """Nothing else will ever answer a run that waits for a person: the planner's own timer fails it."""
     run_id = await pipe.client.submit('[[tool:transfer {"amount": 1}]] [[answer:x]]', tools=["transfer"],
                                       prefetch=False, deadline=1.0)
-    await _awaiting(pipe, run_id)
+    await wait_awaiting_approval(pipe.client, run_id, 10)
     t0 = time.monotonic()
     result = await pipe.client.wait(run_id, timeout=10)
     assert result.status == "failed" and result.error_code == "deadline_exceeded", result
@@ -106,7 +96,7 @@ async def test_a_planner_on_another_prefix_never_adopts_the_run(pipe):
     active runs of its own topic prefix only, or it would expire (and publish for) runs it does not own."""
     run_id = await pipe.client.submit('[[tool:transfer {"amount": 2}]] [[answer:x]]', tools=["transfer"],
                                       prefetch=False, deadline=60.0)
-    waiting = await _awaiting(pipe, run_id)
+    waiting = await wait_awaiting_approval(pipe.client, run_id, 10)
     async with Pipeline.start(isolated(pipe.settings, f"t{uuid.uuid4().hex[:8]}."),
                               WorkerOptions(backend="scripted", tool_modules=TOOLS),
                               services=("planner",)) as other:
