@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 from pathlib import Path
@@ -48,24 +49,31 @@ from agentstream.streams.errors import StackError
 _SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})
 
 
+#: Private stacks take their ports below Linux's default ephemeral range (32768-60999): a port the
+#: kernel hands out for binding to 0 can be given to some client's outgoing connection between the
+#: moment it is chosen and the moment the server binds it (seen in CI: Kafka's controller port, taken
+#: while a busy test suite opened connections). Below the range, only listeners compete.
+_PRIVATE_PORTS = range(20000, 32000)
+
+
+def _free_ports(count: int, what: str) -> int:
+    """The first of ``count`` consecutive ports that are free now, none of them a shared stack's."""
+    for _ in range(200):
+        port = random.randrange(_PRIVATE_PORTS.start, _PRIVATE_PORTS.stop - count)
+        ports = set(range(port, port + count))
+        if not ports & _SHARED_PORTS and not any(process.port_in_use("127.0.0.1", p) for p in ports):
+            return port
+    raise StackError(f"no {count} consecutive free ports for {what}")
+
+
 def free_kafka_port(nodes: int = 1) -> int:
     """A free port followed by ``2 * nodes - 1`` free ones (each node's controller listens on the port
     after its broker's; node n's broker on ``port + 2(n-1)``)."""
-    for _ in range(50):
-        port = process.free_port()
-        ports = set(range(port, port + 2 * nodes))
-        if (port + 2 * nodes <= 65536 and not any(process.port_in_use("127.0.0.1", p) for p in ports - {port})
-                and not ports & _SHARED_PORTS):
-            return port
-    raise StackError(f"no {2 * nodes} consecutive free ports for Kafka")
+    return _free_ports(2 * nodes, "Kafka")
 
 
 def _free_port() -> int:
-    for _ in range(50):
-        port = process.free_port()
-        if port not in _SHARED_PORTS:
-            return port
-    raise StackError("no free port for PostgreSQL")
+    return _free_ports(1, "PostgreSQL")
 
 
 class PrivateStack:
