@@ -34,15 +34,22 @@ def dev_up(
     pg_port: int = typer.Option(None, help="PostgreSQL port on 127.0.0.1."),
     brokers: int = typer.Option(None, min=1, help="Kafka nodes: 1 (the default), or a cluster (3: every topic "
                                                  "has 3 replicas, writes need 2), on ports N, N+2, N+4."),
+    secure: bool = typer.Option(None, "--secure/--insecure",
+                                help="Kafka with SASL/SCRAM, a principal per service and ACLs (docs/security.md); "
+                                     "default: as the stack was started. Switching needs `dev down --purge`."),
 ) -> None:
     """Start Kafka and PostgreSQL (if not running), apply migrations, print where they listen."""
     from agentstream.devstack.stack import DevStack
     from agentstream.streams.config import mask_url
 
+    stack = DevStack()
     with console.status("starting Kafka and PostgreSQL…"):
-        status = DevStack().up(kafka_port=kafka_port, pg_port=pg_port, brokers=brokers)
+        status = stack.up(kafka_port=kafka_port, pg_port=pg_port, brokers=brokers, secure=secure)
     console.print(f"[green]stack is up[/green]\n  KAFKA_BOOTSTRAP_SERVERS={escape(mask_url(status.kafka))}\n"
                   f"  DATABASE_URL={escape(mask_url(status.database_url))}")
+    if status.secure:
+        console.print(f"  Kafka: SASL_PLAINTEXT, SCRAM-SHA-512; each principal's password in "
+                      f"{escape(str(stack.secrets_dir))}/<principal>.password")
 
 
 @dev.command("down")
@@ -89,8 +96,9 @@ def dev_check() -> None:
     import asyncio
 
     from agentstream.devstack.check import run_check
-    from agentstream.streams.config import Settings, mask_url
+    from agentstream.streams.config import Settings, mask_url, use_kafka_principal
 
+    use_kafka_principal("admin")  # on a secure stack: a throwaway topic is the administrator's to create
     settings = Settings.load()
     table = Table("step", "result", "ms", title=escape(f"Kafka {mask_url(settings.kafka_bootstrap)} · "
                                                        f"{mask_url(settings.database_url)}"))
@@ -301,8 +309,9 @@ def worker(
     from agentstream.services.tools.builtin import BuiltinConfig
     from agentstream.services.tools.http import HttpGetConfig
     from agentstream.services.worker import SERVICES, WorkerOptions, serve
-    from agentstream.streams.config import model_api_key, tool_environment
+    from agentstream.streams.config import model_api_key, tool_environment, use_kafka_principal
 
+    use_kafka_principal("worker" if service == "all" else service)  # on a secure stack: its own principal
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = list(SERVICES) if service == "all" else [service]
     backend_options: dict = {"slots": slots} if slots else {}
@@ -348,7 +357,9 @@ def alerts(
 ) -> None:
     """Raise alerts (slow thinking, tool failure rate, lag) as events on agent.alerts and log lines."""
     from agentstream.services.alerts.app import run_alerts
+    from agentstream.streams.config import use_kafka_principal
 
+    use_kafka_principal("alerts")
     run_alerts(loglevel=log_level, from_start=from_start)
 
 
@@ -375,6 +386,14 @@ def demo(
 dlq = typer.Typer(help="Dead letters (agent.dlq): list them, show one, re-drive them to their source topic.",
                   no_args_is_help=True)
 app.add_typer(dlq, name="dlq")
+
+
+@dlq.callback()
+def _dlq_principal() -> None:
+    """On a secure stack, dead letters are the operator's (docs/security.md)."""
+    from agentstream.streams.config import use_kafka_principal
+
+    use_kafka_principal("operator")
 
 _KIND_HELP = "Only this error kind: undecodable, unknown_schema, invalid, handler_error, retries_exhausted."
 
@@ -534,6 +553,37 @@ def migrate() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_async(prepare(Settings.load()))
     console.print("topics and migrations are in place")
+
+
+@app.command()
+def acls(
+    apply: bool = typer.Option(False, "--apply", help="Create them on the cluster, as the configured principal "
+                                                      "(the cluster's administrator: AGENTSTREAM_KAFKA_USERNAME ...)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON array."),
+) -> None:
+    """The Kafka ACLs each principal needs under the configured topic prefix (docs/security.md), derived
+    from the topic contract; `--apply` creates them (idempotent). `dev up --secure` applies them itself."""
+    import json
+
+    from agentstream.streams.acls import acl_bindings, apply_acls
+    from agentstream.streams.config import Settings
+    from agentstream.streams.topics import Topics
+
+    settings = Settings.load()
+    bindings = acl_bindings(Topics.of(settings))
+    if as_json:
+        print(json.dumps([{"principal": f"User:{b.principal}", "operation": b.operation.name,
+                           "resource": b.resource.name, "name": b.name, "pattern": b.pattern.name}
+                          for b in bindings], indent=2))
+    else:
+        table = Table("principal", "operation", "resource", "name")
+        for b in bindings:
+            table.add_row(b.principal, b.operation.name, b.resource.name.lower(),
+                          escape(b.name + ("*" if b.pattern.name == "PREFIXED" else "")))
+        console.print(table)
+    if apply:
+        count = run_async(apply_acls(settings.kafka_bootstrap, settings.kafka_auth, bindings))
+        err.print(f"created {count} ACLs as {escape(settings.kafka_auth.principal)}")
 
 
 deploy = typer.Typer(help="Kubernetes manifests for the consumer services (docs/deploy.md).", no_args_is_help=True)

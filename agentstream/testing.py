@@ -59,12 +59,12 @@ class Pipeline:
             await client.close()
             await worker.close()
             if delete_topics if delete_topics is not None else bool(settings.topic_prefix):
-                await worker.runtime.topics.delete_all(settings.kafka_bootstrap)
+                await worker.runtime.topics.delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth)
 
 
 async def end_offsets(settings: Settings, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
     """Where each partition ends now (to read what is published after)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    consumer = AIOKafkaConsumer(**settings.kafka_options())
     await consumer.start()
     try:
         return await consumer.end_offsets(tps)
@@ -76,7 +76,7 @@ async def read_events(settings: Settings, tp: TopicPartition, start: int, *, exp
                       timeout: float = 15.0) -> list[Event]:
     """Decode the events of one partition from ``start``: ``expect`` of them, or what came in ``timeout``."""
     codec = codec_for(settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**settings.kafka_options(), enable_auto_commit=False)
     await consumer.start()
     out: list[Event] = []
     try:

@@ -100,8 +100,8 @@ async def prepare(settings: Settings) -> None:
     crash-looping). Every worker does this on start; ``agentstream migrate`` (the deploy's migration Job)
     does only this."""
     topics = Topics.of(settings)
-    await wait_out(lambda: ensure_topics(settings.kafka_bootstrap, topics.specs()), "creating topics")
-    await wait_out(lambda: wait_for_group_coordinator(settings.kafka_bootstrap), "finding the group coordinator")
+    await wait_out(lambda: ensure_topics(settings.kafka_bootstrap, topics.specs(), auth=settings.kafka_auth), "creating topics")
+    await wait_out(lambda: wait_for_group_coordinator(settings.kafka_bootstrap, auth=settings.kafka_auth), "finding the group coordinator")
     await wait_out(lambda: migrations.migrate(settings.database_url), "applying migrations")
 
 
@@ -232,7 +232,7 @@ class Worker:
             await self.backend.start()  # load the model before joining: no cold requests
             self.inference = inference = InferenceService(self.runtime, self.backend)
             self.outcomes = OutcomeWatcher(s.kafka_bootstrap, self.runtime.topics.outcomes, s.partitions,
-                                           self.runtime.codec, inference.run_ended)
+                                           self.runtime.codec, inference.run_ended, auth=s.kafka_auth)
             await wait_out(self.outcomes.start, "following the outcomes")
             self.runners.append(inference.service(**overrides))
         if "planner" in self.names:
@@ -275,7 +275,8 @@ class Worker:
         if self.metrics is None:
             return
         s = self.settings
-        offsets = self._offsets = GroupOffsets(s.kafka_bootstrap, f"agentstream-telemetry-{default_instance()}")
+        offsets = self._offsets = GroupOffsets(s.kafka_bootstrap, f"agentstream-telemetry-{default_instance()}",
+                                                    auth=s.kafka_auth)
         self.lag = LagSampler(offsets, self.runners, self.metrics)
         interval = s.telemetry.sample_interval_s
         samplers: list[tuple[str, Callable[[], Awaitable[object]]]] = [("consumer lag", self.lag.sample)]

@@ -128,10 +128,10 @@ CHANNELS: tuple[ChannelSpec, ...] = (
                 "Thresholds crossed: slow steps, tool failure rates, consumer lag.",
                 key="the alert's subject (a tool, a model, `group/topic`), raw UTF-8", claim_checks=False,
                 emitted=False),
-    ChannelSpec("tools", (ToolRegistered,), ("tools",), ("client", "planner"),
+    ChannelSpec("tools", (ToolRegistered,), ("tools",), ("client", "planner", "tools"),
                 "The tools workers serve (compacted: every distinct registration; readers take each tool's highest "
-                "version, and refuse a lower one or a conflicting one of the same version), read whole by submit and "
-                "the planner.", key="`{name}@{version}:{metadata digest}` (records from before versions: the tool's "
+                "version, and refuse a lower one or a conflicting one of the same version), read whole by submit, "
+                "the planner and the tool service (which refuses to register a downgrade).", key="`{name}@{version}:{metadata digest}` (records from before versions: the tool's "
                 "name), raw UTF-8", claim_checks=False, emitted=False),
     ChannelSpec("schemas", (), ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "foreign"),
                 ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "dlq-cli"),

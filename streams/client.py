@@ -130,7 +130,7 @@ class AgentClient:
         try:
             missing = await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools
                 self.topics.tasks, self.topics.outcomes, self.topics.tokens, self.topics.tools],
-                optional=[self.topics.schemas])
+                optional=[self.topics.schemas], auth=self.settings.kafka_auth)
         except Exception:
             await self.runtime.producer.stop()  # built unstarted with the runtime: closed, not leaked
             raise
@@ -247,7 +247,8 @@ class AgentClient:
         if self._watcher is None:
             self._watcher = OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
                                            self.settings.partitions, self.runtime.codec, self._resolve,
-                                           request_timeout_ms=self.settings.kafka_request_timeout_ms)
+                                           request_timeout_ms=self.settings.kafka_request_timeout_ms,
+                                           auth=self.settings.kafka_auth)
             await self._watcher.start()
 
     def _future(self, run_id: str) -> asyncio.Future[RunResult]:
@@ -297,7 +298,7 @@ class AgentClient:
         tp = TopicPartition(self.topics.tokens, self.topics.partition_for(run_id))
         await self.watch_outcomes()
         outcome = self._future(run_id)
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
+        consumer = AIOKafkaConsumer(**self.settings.kafka_options(), enable_auto_commit=False,
                                     isolation_level="read_committed", fetch_max_wait_ms=poll_ms)
         await consumer.start()
         try:

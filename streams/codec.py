@@ -147,4 +147,4 @@ def codec_for(settings: Settings) -> Codec:
     if settings.schema_registry_url:
         return Codec(HttpRegistry(settings.schema_registry_url, local))
     topic = Topics(prefix=settings.topic_prefix).schemas
-    return Codec(local, SchemaLog(settings.kafka_bootstrap, topic, local))
+    return Codec(local, SchemaLog(settings.kafka_bootstrap, topic, local, auth=settings.kafka_auth))

@@ -22,6 +22,7 @@ from typing import Any
 
 from agentstream.streams import resources
 from agentstream.streams.errors import ConfigError
+from agentstream.streams.kafka_auth import DEFAULT_MECHANISM, KafkaAuth
 from agentstream.streams.kinds import TRACING_MODES, TracingMode, one_of
 
 DEFAULT_KAFKA_PORT = 39092
@@ -107,9 +108,16 @@ class Settings:
     max_run_s: float = 3600.0
     #: Tracing, metrics and health endpoints (all off unless configured).
     telemetry: TelemetrySettings = field(default_factory=lambda: TelemetrySettings())
+    #: How this process authenticates to Kafka (``load_kafka_auth``): unauthenticated PLAINTEXT unless
+    #: configured or the local stack runs with ``--secure``.
+    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
 
     def __repr__(self) -> str:
         return masked_repr(self)
+
+    def kafka_options(self) -> dict[str, Any]:
+        """``bootstrap_servers`` and this process's security options, for any aiokafka client."""
+        return {"bootstrap_servers": self.kafka_bootstrap, **self.kafka_auth.options()}
 
     @classmethod
     def load(cls, paths: StackPaths | None = None) -> Settings:
@@ -141,6 +149,7 @@ class Settings:
             step_timeout_s=_positive_float("AGENTSTREAM_STEP_TIMEOUT_S", 60.0),
             max_run_s=_positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
             telemetry=TelemetrySettings.load(paths),
+            kafka_auth=load_kafka_auth(recorded, external=bool(env_kafka)),
         )
 
 
@@ -311,6 +320,61 @@ def _positive_int(name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"{name}={raw!r} must be a positive integer")
     return int(raw)
+
+
+#: The principal this process is on the local secure stack (``use_kafka_principal``): a worker is its
+#: service, anything else the client.
+_process_principal = "client"
+
+
+def use_kafka_principal(name: str) -> None:
+    """Make this process authenticate as ``name`` on the local stack (``agentstream worker planner`` is
+    the planner). An ``AGENTSTREAM_KAFKA_USERNAME`` in the environment still wins."""
+    global _process_principal
+    _process_principal = name
+
+
+def process_kafka_auth() -> KafkaAuth:
+    """This process's Kafka principal, for code that is handed only a bootstrap address."""
+    paths = StackPaths.from_env()
+    return load_kafka_auth(read_state(paths.state_file), external=bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")))
+
+
+def load_kafka_auth(recorded: dict[str, Any], *, external: bool = False) -> KafkaAuth:
+    """``AGENTSTREAM_KAFKA_SECURITY_PROTOCOL`` (PLAINTEXT, SASL_PLAINTEXT, SASL_SSL),
+    ``AGENTSTREAM_KAFKA_SASL_MECHANISM`` (SCRAM-SHA-512 by default), ``AGENTSTREAM_KAFKA_USERNAME`` and
+    the password from ``AGENTSTREAM_KAFKA_PASSWORD_FILE`` (or ``AGENTSTREAM_KAFKA_PASSWORD``),
+    ``AGENTSTREAM_KAFKA_SSL_CAFILE``. Without them, on the local stack started with ``--secure`` (its
+    state file records ``kafka_security`` and ``kafka_secrets_dir``): this process's principal
+    (``use_kafka_principal``) with its password file there."""
+    protocol = os.environ.get("AGENTSTREAM_KAFKA_SECURITY_PROTOCOL", "").strip().upper()
+    username = os.environ.get("AGENTSTREAM_KAFKA_USERNAME", "").strip() or None
+    password_file = os.environ.get("AGENTSTREAM_KAFKA_PASSWORD_FILE", "").strip()
+    password = os.environ.get("AGENTSTREAM_KAFKA_PASSWORD") or None
+    secrets = recorded.get("kafka_secrets_dir") if not external else None
+    if not protocol:  # a user name alone means SASL; else the local stack's own, else none
+        protocol = "SASL_PLAINTEXT" if username else str((secrets and recorded.get("kafka_security")) or "PLAINTEXT")
+    if protocol != "PLAINTEXT" and not username and secrets:
+        username = _process_principal
+    if password_file:
+        password = _read_secret(Path(password_file).expanduser(), "AGENTSTREAM_KAFKA_PASSWORD_FILE")
+    elif password is None and username and secrets:
+        password = _read_secret(Path(secrets) / f"{username}.password", f"the local stack's secret of {username}")
+    cafile = os.environ.get("AGENTSTREAM_KAFKA_SSL_CAFILE", "").strip()
+    return KafkaAuth(security_protocol=protocol,
+                     sasl_mechanism=os.environ.get("AGENTSTREAM_KAFKA_SASL_MECHANISM", "").strip().upper()
+                     or DEFAULT_MECHANISM,
+                     username=username, password=password, ssl_cafile=Path(cafile) if cafile else None)
+
+
+def _read_secret(path: Path, what: str) -> str:
+    try:
+        secret = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} ({path}): {exc.strerror or exc}") from None
+    if not secret:
+        raise ConfigError(f"{what} ({path}) is empty")
+    return secret
 
 
 def dev_ports() -> tuple[int | None, int | None]:

@@ -422,7 +422,7 @@ class DeadLetters:
         """The record to republish: the letter's own when whole, else read back from the source topic
         and checked against the letter's size and digest."""
         if not letter.truncated:
-            await _require_partition(self.settings.kafka_bootstrap, letter.source_topic, letter.source_partition,
+            await _require_partition(self.settings, letter.source_topic, letter.source_partition,
                                      f"the source of this letter ({_source(letter)})")
             return _Original(letter.value, letter.key, list(letter.headers.items()), "letter")
         record = await self._read_record(letter.source_topic, letter.source_partition, letter.source_offset,
@@ -446,7 +446,7 @@ class DeadLetters:
         """Compressed, with room for the largest record a broker accepts compressed (a truncated
         letter's original is larger than a letter may be, often larger than a record uncompressed)."""
         if self._producer is None:
-            producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all",
+            producer = AIOKafkaProducer(**self.settings.kafka_options(), acks="all",
                                         enable_idempotence=True, compression_type="gzip",
                                         max_request_size=64 * 1024 * 1024, request_timeout_ms=30_000)
             await producer.start()
@@ -492,7 +492,7 @@ class DeadLetters:
         """The record at ``topic[partition]@offset``; ``DeadLetterError`` when it is not (or no longer) there."""
         tp = TopicPartition(topic, partition)
         where = f"{topic}[{partition}]@{offset}"
-        await _require_partition(self.settings.kafka_bootstrap, topic, partition, what)
+        await _require_partition(self.settings, topic, partition, what)
         async with self._consumer() as consumer:
             consumer.assign([tp])
             begin = (await consumer.beginning_offsets([tp]))[tp]
@@ -528,7 +528,7 @@ class DeadLetters:
         return StoredLetter(msg.topic, msg.partition, msg.offset, timestamp, event)
 
     def _consumer(self) -> _Consumer:
-        return _Consumer(self.settings.kafka_bootstrap)
+        return _Consumer(self.settings)
 
     # -- PostgreSQL --------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -600,8 +600,8 @@ class DeadLetters:
 class _Consumer:
     """A group-less consumer for reading a few partitions by offset (``async with``)."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    def __init__(self, settings: Settings) -> None:
+        self.consumer = AIOKafkaConsumer(**settings.kafka_options(), enable_auto_commit=False,
                                          auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
                                          fetch_max_bytes=64 * 1024 * 1024)
 
@@ -618,9 +618,9 @@ async def _require_topic(consumer: AIOKafkaConsumer, topic: str, what: str) -> N
         raise DeadLetterError(f"{what}: there is no topic {topic}")
 
 
-async def _require_partition(bootstrap: str, topic: str, partition: int, what: str) -> None:
+async def _require_partition(settings: Settings, topic: str, partition: int, what: str) -> None:
     """Checked before reading or producing: aiokafka would wait for metadata that never comes."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**settings.kafka_options())
     await admin.start()
     try:
         (description,) = await admin.describe_topics([topic])

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.consumer_stop import stop_consumer
 from agentstream.streams.events import RunCompleted, RunFailed
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.kinds import RunOutcome
 from agentstream.streams.telemetry import stages
 
@@ -50,12 +51,13 @@ class OutcomeWatcher:
     """Calls ``on_outcome`` with every run outcome published after ``start()`` returned."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, codec: Codec,
-                 on_outcome: Callable[[RunResult], None], *, request_timeout_ms: int = 10_000) -> None:
+                 on_outcome: Callable[[RunResult], None], *, request_timeout_ms: int = 10_000,
+                 auth: KafkaAuth | None = None) -> None:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec
         self.on_outcome = on_outcome
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+        self.consumer = AIOKafkaConsumer(**kafka_options(bootstrap, auth), enable_auto_commit=False,
                                          isolation_level="read_committed", fetch_max_wait_ms=100,
                                          request_timeout_ms=request_timeout_ms)
         self._task: asyncio.Task[None] | None = None

@@ -159,7 +159,7 @@ class Runtime:
         self.metrics = metrics
         self.topics = Topics.of(settings)
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
+            **settings.kafka_options(), acks="all", enable_idempotence=True,
             linger_ms=linger_ms, request_timeout_ms=settings.kafka_request_timeout_ms,
         )
         self._started = False
@@ -403,7 +403,7 @@ class ServiceRunner:
         """Join the group, process until ``stop()``, then shut down gracefully."""
         cfg = self.config
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.runtime.settings.kafka_bootstrap, group_id=cfg.group_id,
+            **self.runtime.settings.kafka_options(), group_id=cfg.group_id,
             enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
             max_poll_records=cfg.max_poll_records, session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms, fetch_max_wait_ms=cfg.fetch_max_wait_ms,

@@ -30,6 +30,7 @@ import time
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.registry import LocalRegistry, RawSchema, UnknownSchema, full_name, schema_id
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ class SchemaLog:
     The consumer that reads the topic is started on the first lookup and kept (a later lookup reads
     only what was added since); ``close()`` stops it."""
 
-    def __init__(self, bootstrap: str, topic: str, registry: LocalRegistry, *, timeout_s: float = 15.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, registry: LocalRegistry, *, timeout_s: float = 15.0,
+                 auth: KafkaAuth | None = None) -> None:
         self.bootstrap = bootstrap
+        self.auth = auth
         self.topic = topic
         self.registry = registry
         self.timeout_s = timeout_s
@@ -110,7 +113,7 @@ class SchemaLog:
         schemas has started on this cluster yet)."""
         if self._consumer is not None:
             return self._consumer
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+        consumer = AIOKafkaConsumer(**kafka_options(self.bootstrap, self.auth), enable_auto_commit=False,
                                     auto_offset_reset="earliest", client_id="agentstream-schemas")
         await consumer.start()
         try:

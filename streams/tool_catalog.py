@@ -53,6 +53,7 @@ from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
 from agentstream.streams.events import ToolRegistered
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.outages import KAFKA
 
 if TYPE_CHECKING:
@@ -218,8 +219,9 @@ class ToolCatalog:
     """
 
     def __init__(self, bootstrap: str, topic: str, codec: Codec, *, ttl_s: float = 5.0,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, auth: KafkaAuth | None = None) -> None:
         self.bootstrap = bootstrap
+        self.auth = auth
         self.topic = topic
         self.codec = codec
         self.ttl_s = ttl_s
@@ -240,7 +242,8 @@ class ToolCatalog:
     @classmethod
     def for_runtime(cls, runtime: Runtime, **options: Any) -> ToolCatalog:
         """The catalogue of the pipeline ``runtime`` publishes to (its broker, prefix and codec)."""
-        return cls(runtime.settings.kafka_bootstrap, runtime.topics.tools, runtime.codec, **options)
+        return cls(runtime.settings.kafka_bootstrap, runtime.topics.tools, runtime.codec,
+                   auth=runtime.settings.kafka_auth, **options)
 
     async def refresh(self) -> dict[str, ToolInfo]:
         """Read what has been registered up to now; return every tool by name."""
@@ -316,7 +319,7 @@ class ToolCatalog:
         self._tools = {name: info for name, e in events.items() if (info := _info(e)) is not None}
 
     async def _open(self) -> AIOKafkaConsumer:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+        consumer = AIOKafkaConsumer(**kafka_options(self.bootstrap, self.auth), enable_auto_commit=False,
                                     isolation_level="read_committed", auto_offset_reset="earliest",
                                     fetch_max_wait_ms=100)
         try:
@@ -367,7 +370,8 @@ async def copy_catalogue(source_topic: str, runtime: Runtime, *, timeout_s: floa
     A replay session runs on topics of its own and, except in live mode, serves no tools: its planner
     must still know the tools the original pipeline's workers registered, or it would refuse the
     replayed task's tools."""
-    source = ToolCatalog(runtime.settings.kafka_bootstrap, source_topic, runtime.codec, timeout_s=timeout_s)
+    source = ToolCatalog(runtime.settings.kafka_bootstrap, source_topic, runtime.codec, timeout_s=timeout_s,
+                         auth=runtime.settings.kafka_auth)
     try:
         events = await source.registrations()
     finally:

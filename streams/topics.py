@@ -24,6 +24,7 @@ from aiokafka.partitioner import murmur2
 
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 
 if TYPE_CHECKING:
     from agentstream.streams.config import Settings
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TOPIC_ALREADY_EXISTS = 36
+_TOPIC_AUTHORIZATION_FAILED = 29
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+_CLUSTER_AUTHORIZATION_FAILED = 31
 _DYNAMIC_TOPIC_CONFIG = 1  # DescribeConfigs v1+ config_source: set on the topic itself
 DAY_MS = 24 * 3600 * 1000
 
@@ -144,12 +148,12 @@ class Topics:
         """Co-partitioned: a run's events land on the same partition number of each."""
         return [self.tasks, self.inference_results, self.retrieval_results, self.tool_results]
 
-    async def delete_all(self, bootstrap: str) -> None:
+    async def delete_all(self, bootstrap: str, *, auth: KafkaAuth | None = None) -> None:
         """Delete every catalogue topic under this prefix (tests, replays, benchmarks clean up after
         themselves). Refuses without a prefix: those are the production topics."""
         if not self.prefix:
             raise AgentStreamError("refusing to delete unprefixed (production) topics")
-        await delete_topics(bootstrap, [s.name for s in self.specs()])
+        await delete_topics(bootstrap, [s.name for s in self.specs()], auth=auth)
 
     def specs(self) -> list[TopicSpec]:
         n, rf = self.partitions, self.replication_factor
@@ -180,7 +184,8 @@ class Topics:
         return specs
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_ms: int = 30000) -> list[str]:
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_ms: int = 30000,
+                        auth: KafkaAuth | None = None) -> list[str]:
     """Create the topics that do not exist yet and bring existing ones in line; return the names created.
 
     An existing topic may not come from the catalogue: a broker with ``auto.create.topics.enable=true``
@@ -190,44 +195,64 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
     with too few partitions that holds records, or with too many, raises ``TopicMismatch``: keys would
     hash to other partitions than the records already there, or than the code expects. Any other
     failure raises the broker's error.
+
+    On a cluster with an authorizer, a principal that may not create topics (every service's, on
+    ``agentstream dev up --secure``: the administrator creates them) checks that they exist instead and
+    leaves their configs to the administrator (it may not read them either).
     """
     specs = list(specs)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    admin = AIOKafkaAdminClient(**kafka_options(bootstrap, auth), request_timeout_ms=timeout_ms)
     await admin.start()
     try:
-        created, existing = await _create_topics(admin, specs, timeout_ms=timeout_ms)
+        created, existing, refused = await _create_topics(admin, specs, timeout_ms=timeout_ms)
+        visible: list[str] = []
+        if refused:  # those this principal may see at all are its own to check; the others are not its business
+            errors = {d["topic"]: d["error_code"] for d in await admin.describe_topics(refused)}
+            missing = [n for n in refused if errors.get(n) == _UNKNOWN_TOPIC_OR_PARTITION]
+            if missing:
+                raise TopicsMissing(f"{', '.join(missing)} do(es) not exist and {_who(auth)} may not create topics: "
+                                    "create them as the cluster's administrator (`agentstream dev up` does)")
+            visible = [n for n in refused if errors.get(n) == 0]
+        if existing or visible:
+            old = [s for s in specs if s.name in existing or s.name in visible]
+            await _fit_partitions(admin, bootstrap, old, timeout_ms=timeout_ms, auth=auth)
         if existing:
-            old = [s for s in specs if s.name in existing]
-            await _fit_partitions(admin, bootstrap, old, timeout_ms=timeout_ms)
-            await _repair_configs(admin, old)
+            await _repair_configs(admin, [s for s in specs if s.name in existing])
         return created
     finally:
         await admin.close()
 
 
+def _who(auth: KafkaAuth | None) -> str:
+    return auth.principal if auth is not None else "this process's principal"
+
+
 async def _create_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *,
-                         timeout_ms: int) -> tuple[list[str], list[str]]:
-    """Ask for every topic; return (created now, existed already)."""
+                         timeout_ms: int) -> tuple[list[str], list[str], list[str]]:
+    """Ask for every topic; return (created now, existed already, not ours to create)."""
     response = await admin.create_topics(
         [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=dict(s.configs)) for s in specs],
         timeout_ms=timeout_ms,
     )
     created: list[str] = []
     existing: list[str] = []
+    refused: list[str] = []
     for entry in response.topic_errors:
         name, code = entry[0], entry[1]
         if code == 0:
             created.append(name)
         elif code == _TOPIC_ALREADY_EXISTS:
             existing.append(name)
+        elif code in (_TOPIC_AUTHORIZATION_FAILED, _CLUSTER_AUTHORIZATION_FAILED):
+            refused.append(name)
         else:
             message = entry[2] if len(entry) > 2 else ""
             raise for_code(code)(f"creating topic {name}: {message}")
-    return created, existing
+    return created, existing, refused
 
 
 async def _fit_partitions(admin: AIOKafkaAdminClient, bootstrap: str, specs: list[TopicSpec], *,
-                          timeout_ms: int) -> None:
+                          timeout_ms: int, auth: KafkaAuth | None) -> None:
     """Refuse every mismatch that cannot be repaired before repairing anything; then add partitions to
     the empty topics that have too few."""
     descriptions = await _describe_settled(admin, [s.name for s in specs], within_s=timeout_ms / 1000)
@@ -241,7 +266,7 @@ async def _fit_partitions(admin: AIOKafkaAdminClient, bootstrap: str, specs: lis
     short = [s for s in specs if have[s.name] < s.partitions]
     if not short:
         return
-    records = await _record_counts(bootstrap, {s.name: have[s.name] for s in short})
+    records = await _record_counts(bootstrap, {s.name: have[s.name] for s in short}, auth)
     for spec in short:
         if records[spec.name]:
             raise TopicMismatch(
@@ -254,10 +279,10 @@ async def _fit_partitions(admin: AIOKafkaAdminClient, bootstrap: str, specs: lis
     await _add_partitions(admin, short, have, within_s=timeout_ms / 1000)
 
 
-async def _record_counts(bootstrap: str, partitions: Mapping[str, int]) -> dict[str, int]:
+async def _record_counts(bootstrap: str, partitions: Mapping[str, int], auth: KafkaAuth | None) -> dict[str, int]:
     """How many offsets each topic has handed out (the sum of its end offsets): 0 means no record was
     ever written to it, so its partition count can still change without moving any key."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**kafka_options(bootstrap, auth), enable_auto_commit=False)
     await consumer.start()
     try:
         ends = await consumer.end_offsets(
@@ -366,14 +391,15 @@ async def _describe_settled(admin: AIOKafkaAdminClient, names: list[str], *,
         await asyncio.sleep(0.1)
 
 
-async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0) -> None:
+async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0,
+                                     auth: KafkaAuth | None = None) -> None:
     """Return once the cluster can coordinate consumer groups.
 
     A fresh broker creates ``__consumer_offsets`` on the first FindCoordinator request and answers
     COORDINATOR_NOT_AVAILABLE until it is ready; asked here first, the services' consumers join at once
     instead of logging that error while they retry.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(within_s * 1000))
+    admin = AIOKafkaAdminClient(**kafka_options(bootstrap, auth), request_timeout_ms=int(within_s * 1000))
     await admin.start()
     try:
         deadline = time.monotonic() + within_s
@@ -389,13 +415,14 @@ async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0) 
         await admin.close()
 
 
-async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int = 30000) -> None:
+async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int = 30000,
+                        auth: KafkaAuth | None = None) -> None:
     """Delete topics (those that do not exist are ignored), so a long-lived development broker does not
     pile up the thousands that tests and benchmarks create."""
     names = list(names)
     if not names:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    admin = AIOKafkaAdminClient(**kafka_options(bootstrap, auth), request_timeout_ms=timeout_ms)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -407,14 +434,14 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int
 
 
 async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: float = 2.0,
-                         optional: Iterable[str] = ()) -> list[str]:
+                         optional: Iterable[str] = (), auth: KafkaAuth | None = None) -> list[str]:
     """Those of ``names`` and ``optional`` the broker does not know. Asks for the list of all topics, which
     never creates one whatever the broker's settings. A topic another process created a moment ago can be
     missing from the broker's metadata briefly, so a missing one of ``names`` is looked for again for up
     to ``within_s`` (an ``optional`` one only while that goes on)."""
     names = list(dict.fromkeys(names))
     extra = [n for n in dict.fromkeys(optional) if n not in names]
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_options(bootstrap, auth))
     await admin.start()
     try:
         deadline = time.monotonic() + within_s
@@ -428,12 +455,13 @@ async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: floa
         await admin.close()
 
 
-async def require_topics(bootstrap: str, names: Iterable[str], *, optional: Iterable[str] = ()) -> list[str]:
+async def require_topics(bootstrap: str, names: Iterable[str], *, optional: Iterable[str] = (),
+                         auth: KafkaAuth | None = None) -> list[str]:
     """Raise ``TopicsMissing`` naming the topics of ``names`` that do not exist (workers create them at
     start), so a client started before any worker says so at once instead of timing out on its first
     send. Returns the topics of ``optional`` that do not exist."""
     names = list(names)
-    missing = await missing_topics(bootstrap, names, optional=optional)
+    missing = await missing_topics(bootstrap, names, optional=optional, auth=auth)
     extra = [n for n in missing if n not in names]
     missing = [n for n in missing if n in names]
     if not missing:

@@ -41,6 +41,8 @@ _PROBED = {"planner", "tools", "retrieval", "inference"}
 RUNTIME_SHUTDOWN_GRACE_S = ServiceConfig(name="", topics=[], group_id="").shutdown_grace_s
 GRACE_MARGIN_S = 5.0
 STATE_DIR = "/var/lib/agentstream"
+#: Where a pod finds its Kafka password (``kafka.sasl``): a file, never an environment variable's value.
+KAFKA_SECRET_DIR = "/var/run/secrets/agentstream-kafka"
 
 
 def render(values: Values) -> list[Obj]:
@@ -140,6 +142,10 @@ class _Context:
             "AGENTSTREAM_METRICS_HOST": str((self.v.get("metrics") or {}).get("host") or "0.0.0.0"),
             "AGENTSTREAM_TRACING": str(tracing.get("mode") or "off"),
         }
+        sasl = kafka.get("sasl") or {}
+        if sasl:
+            data["AGENTSTREAM_KAFKA_SECURITY_PROTOCOL"] = str(sasl.get("securityProtocol") or "SASL_SSL")
+            data["AGENTSTREAM_KAFKA_SASL_MECHANISM"] = str(sasl.get("mechanism") or "SCRAM-SHA-512")
         if data["AGENTSTREAM_TRACING"] == "otlp":
             data["OTEL_EXPORTER_OTLP_ENDPOINT"] = str(tracing.get("otlpEndpoint") or "")
             data["AGENTSTREAM_TRACE_SAMPLE"] = str(tracing.get("sample", 0.1))
@@ -159,10 +165,12 @@ class _Context:
     def migration_job(self) -> Obj:
         job = self.v.get("migrations") or {}
         container = self.container("migrate", {}, ["migrate"])
+        volumes = self.kafka_principal(container, "admin")  # creates the topics: the cluster's administrator
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self.meta("migrate", "migrate"),
                 "spec": {"backoffLimit": int(job.get("backoffLimit", 6)), "ttlSecondsAfterFinished": 3600,
                          "template": {"metadata": {"labels": self.labels("migrate")},
-                                      "spec": self.pod_spec([container], restart="OnFailure")}}}
+                                      "spec": self.pod_spec([container], restart="OnFailure",
+                                                            extra=volumes)}}}
 
     # -- workloads ---------------------------------------------------------------------------------
     def args(self, key: str, spec: Obj) -> list[str]:
@@ -203,7 +211,8 @@ class _Context:
         if grace < RUNTIME_SHUTDOWN_GRACE_S + GRACE_MARGIN_S:  # the kubelet would SIGKILL mid-handover
             raise ConfigError(f"services.{key}.terminationGracePeriodSeconds={grace}: it must be at least the "
                               f"runtime's shutdown grace ({RUNTIME_SHUTDOWN_GRACE_S:g} s) + {GRACE_MARGIN_S:g} s")
-        extra: Obj = {"terminationGracePeriodSeconds": grace}
+        extra: Obj = {"terminationGracePeriodSeconds": grace,
+                      **self.kafka_principal(container, "worker" if service == "all" else service)}
         for field in ("nodeSelector", "tolerations", "affinity"):
             if spec.get(field):
                 extra[field] = spec[field]
@@ -220,6 +229,21 @@ class _Context:
                              "spec": self.pod_spec([container], extra=extra)},
             },
         }
+
+    def kafka_principal(self, container: Obj, principal: str) -> Obj:
+        """With ``kafka.sasl``: ``container`` authenticates as ``principal``, its password mounted from the
+        Secret ``{secretPrefix}{principal}`` (key ``password``; docs/security.md); returns the pod's extra
+        volumes (none without SASL)."""
+        sasl = (self.v.get("kafka") or {}).get("sasl") or {}
+        if not sasl:
+            return {}
+        secret = f"{sasl.get('secretPrefix') or 'agentstream-kafka-'}{principal}"
+        container.setdefault("env", []).extend([
+            {"name": "AGENTSTREAM_KAFKA_USERNAME", "value": principal},
+            {"name": "AGENTSTREAM_KAFKA_PASSWORD_FILE", "value": f"{KAFKA_SECRET_DIR}/password"}])
+        container["volumeMounts"].append({"name": "kafka-credentials", "mountPath": KAFKA_SECRET_DIR, "readOnly": True})
+        return {"volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+                            {"name": "kafka-credentials", "secret": {"secretName": secret, "defaultMode": 0o400}}]}
 
     def pdb(self, key: str, spec: Obj) -> Obj:
         suffix = SERVICES[key][1]

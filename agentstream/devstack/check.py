@@ -31,11 +31,11 @@ async def run_check(settings: Settings) -> list[CheckStep]:
     topic = f"agentstream.check.{token}"
 
     t0 = time.perf_counter()
-    await ensure_topics(settings.kafka_bootstrap, [TopicSpec(topic, partitions=1)])
+    await ensure_topics(settings.kafka_bootstrap, [TopicSpec(topic, partitions=1)], auth=settings.kafka_auth)
     steps.append(CheckStep("create topic", topic, _ms(t0)))
     try:
         t0 = time.perf_counter()
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all",
+        producer = AIOKafkaProducer(**settings.kafka_options(), acks="all",
                                     enable_idempotence=True)
         await producer.start()
         try:
@@ -45,7 +45,7 @@ async def run_check(settings: Settings) -> list[CheckStep]:
         steps.append(CheckStep("produce (acks=all)", f"partition {meta.partition} offset {meta.offset}", _ms(t0)))
 
         t0 = time.perf_counter()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap,
+        consumer = AIOKafkaConsumer(topic, **settings.kafka_options(),
                                     group_id=f"agentstream-check-{token}", auto_offset_reset="earliest",
                                     enable_auto_commit=False)
         await consumer.start()
@@ -57,7 +57,7 @@ async def run_check(settings: Settings) -> list[CheckStep]:
         key, value = (msg.key or b"").decode(), (msg.value or b"").decode()  # both set: produced above
         steps.append(CheckStep("consume + commit", f"{key} -> {value}", _ms(t0)))
     finally:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(**settings.kafka_options())
         await admin.start()
         try:
             await admin.delete_topics([topic])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import shutil
 import string
@@ -25,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from agentstream.devstack import process
+from agentstream.devstack.secure import KafkaSecrets
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import StackError
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 
 JVM_OPTS = [
     "-Xms256m",
@@ -82,6 +85,8 @@ class KafkaLauncher:
     voters: str = ""
     #: Replicas of every topic, internal ones included; writes need ``replication - 1`` of them in sync.
     replication: int = 1
+    #: SASL/SCRAM and ACLs (``agentstream dev up --secure``): the principals' passwords; None is PLAINTEXT.
+    secrets: KafkaSecrets | None = field(default=None, hash=False)
 
     @property
     def version(self) -> str:
@@ -136,14 +141,25 @@ class KafkaLauncher:
         return ["java", *(jvm or []), "-cp", f"{self.jars_dir}/*",
                 f"-Dlog4j2.configurationFile={log4j}", main, *args]
 
+    @property
+    def admin_auth(self) -> KafkaAuth:
+        """How the launcher itself connects (the super user on a secure node)."""
+        return self.secrets.admin if self.secrets else KafkaAuth()
+
     def _render_config(self) -> Path:
         template = string.Template((self.infra_dir / "kafka" / "server.properties.in").read_text())
         config = self.work_dir / "server.properties"
         text = template.substitute(port=self.port, controller_port=self.controller_port, data_dir=self.data_dir,
                                    node_id=self.node_id, host=self.host,
                                    voters=self.voters or f"{self.node_id}@{self.host}:{self.controller_port}",
-                                   replication=self.replication, min_isr=max(1, self.replication - 1))
-        config.write_text(text + _overrides_block(self.overrides))
+                                   replication=self.replication, min_isr=max(1, self.replication - 1),
+                                   listener="SASL_PLAINTEXT" if self.secrets else "PLAINTEXT")
+        if self.secrets:
+            text += self.secrets.broker_properties(self.infra_dir / "kafka" / "server-secure.properties.in")
+        config.unlink(missing_ok=True)  # created 0600: a secure node's holds the super user's password
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text + _overrides_block(self.overrides))
         return config
 
     def new_cluster_id(self) -> str:
@@ -152,8 +168,9 @@ class KafkaLauncher:
     def _format_storage(self, config: Path, cluster_id: str | None = None) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
+        scram = self.secrets.scram_arguments() if self.secrets else []
         process.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id or self.new_cluster_id(),
-                               "-c", str(config), "--ignore-formatted"))
+                               "-c", str(config), "--ignore-formatted", *scram))
 
     def preflight(self) -> None:
         """Fail before anything starts: Java 17+, free ports, Maven when the jars are not cached."""
@@ -176,7 +193,8 @@ class KafkaLauncher:
         self.ensure_jars()
         proc, ref = self.spawn()
         try:
-            asyncio.run(wait_for_metadata(self.bootstrap, within=timeout, proc=proc, log_file=self.log_file))
+            asyncio.run(wait_for_metadata(self.bootstrap, within=timeout, proc=proc, log_file=self.log_file,
+                                          auth=self.admin_auth))
         except BaseException:
             _terminate(proc)
             raise
@@ -218,6 +236,8 @@ class KafkaCluster:
     overrides: Mapping[str, str] = field(default_factory=dict, hash=False)
     #: The address every node listens on (``KafkaLauncher.host``).
     host: str = "127.0.0.1"
+    #: SASL/SCRAM and ACLs on every node (``KafkaLauncher.secrets``).
+    secrets: KafkaSecrets | None = field(default=None, hash=False)
 
     @property
     def nodes(self) -> list[KafkaLauncher]:
@@ -226,7 +246,7 @@ class KafkaCluster:
                               work_dir=self.work_dir if n == 1 else self.work_dir.with_name(f"{self.work_dir.name}-{n}"),
                               port=self._port(n), controller_port=self._port(n) + 1, node_id=n,
                               voters=voters if self.size > 1 else "", replication=min(self.size, 3),
-                              overrides=self.overrides, host=self.host)
+                              overrides=self.overrides, host=self.host, secrets=self.secrets)
                 for n in range(1, self.size + 1)]
 
     def _port(self, node: int) -> int:
@@ -259,7 +279,7 @@ class KafkaCluster:
                 proc, ref = node.spawn(cluster_id)
                 started.append((node, proc, ref))
             asyncio.run(wait_for_brokers(self.bootstrap, self.size, within=timeout,
-                                         procs=[(p, n.log_file) for n, p, _ in started]))
+                                         procs=[(p, n.log_file) for n, p, _ in started], auth=first.admin_auth))
         except BaseException:
             for _, proc, _ in started:
                 _terminate(proc)
@@ -325,11 +345,11 @@ def _overrides_block(overrides: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def brokers_registered(bootstrap: str, *, request_timeout_ms: int = 2000) -> int:
+async def brokers_registered(bootstrap: str, *, request_timeout_ms: int = 2000, auth: KafkaAuth | None = None) -> int:
     """How many brokers the cluster's metadata lists (0 when it does not answer)."""
     from aiokafka.client import AIOKafkaClient
 
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    client = AIOKafkaClient(**kafka_options(bootstrap, auth), request_timeout_ms=request_timeout_ms)
     try:
         await client.bootstrap()
         return len(client.cluster.brokers())
@@ -339,24 +359,25 @@ async def brokers_registered(bootstrap: str, *, request_timeout_ms: int = 2000) 
         await client.close()
 
 
-async def metadata_ok(bootstrap: str, *, request_timeout_ms: int = 2000) -> bool:
+async def metadata_ok(bootstrap: str, *, request_timeout_ms: int = 2000, auth: KafkaAuth | None = None) -> bool:
     """True when the cluster answers a metadata request and lists at least one broker."""
-    return await brokers_registered(bootstrap, request_timeout_ms=request_timeout_ms) > 0
+    return await brokers_registered(bootstrap, request_timeout_ms=request_timeout_ms, auth=auth) > 0
 
 
 async def wait_for_metadata(bootstrap: str, *, within: float, proc: subprocess.Popen | None = None,
-                            log_file: Path | None = None) -> None:
+                            log_file: Path | None = None, auth: KafkaAuth | None = None) -> None:
     """Poll until the broker answers; fail early with its log when the process died."""
-    await wait_for_brokers(bootstrap, 1, within=within, procs=[(proc, log_file)] if proc is not None else [])
+    await wait_for_brokers(bootstrap, 1, within=within, procs=[(proc, log_file)] if proc is not None else [],
+                           auth=auth)
 
 
 async def wait_for_brokers(bootstrap: str, count: int, *, within: float,
-                           procs: list[tuple[subprocess.Popen, Path | None]]) -> None:
+                           procs: list[tuple[subprocess.Popen, Path | None]], auth: KafkaAuth | None = None) -> None:
     """Until the metadata lists ``count`` brokers; fail early with a node's log when it died."""
     quiet = logging.getLogger("aiokafka")  # "Unable connect" on every poll before the port opens
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
-        await _poll_metadata(bootstrap, count, within=within, procs=procs)
+        await _poll_metadata(bootstrap, count, within=within, procs=procs, auth=auth)
     finally:
         quiet.setLevel(level)
 
@@ -369,7 +390,7 @@ def _size(path: Path | None) -> int:
 
 
 async def _poll_metadata(bootstrap: str, count: int, *, within: float,
-                         procs: list[tuple[subprocess.Popen, Path | None]]) -> None:
+                         procs: list[tuple[subprocess.Popen, Path | None]], auth: KafkaAuth | None) -> None:
     # A broker with thousands of partitions on disk spends minutes loading them before it listens; while
     # its log keeps growing it is making progress, so the deadline moves (up to a hard cap).
     start = time.monotonic()
@@ -380,7 +401,7 @@ async def _poll_metadata(bootstrap: str, count: int, *, within: float,
             if proc.poll() is not None:
                 tail = process.log_tail(log_file) if log_file else ""
                 raise StackError(f"Kafka exited during start-up:\n{tail}")
-        if await brokers_registered(bootstrap) >= count:
+        if await brokers_registered(bootstrap, auth=auth) >= count:
             return
         size = sum(_size(log_file) for _, log_file in procs)
         if size != last_size and last_size >= 0:

@@ -20,6 +20,10 @@ environment (``KAFKA_BOOTSTRAP_SERVERS`` may name another cluster), and it keeps
 ``PrivateStack(state_dir, brokers=3)`` runs a three-node cluster (``KafkaCluster``, as ``agentstream dev
 up --brokers 3``); ``kill_kafka(node=2)``, ``stop_kafka(node=2)`` (a clean shutdown) and
 ``start_kafka()`` (whichever nodes are down) then act on single nodes.
+
+``PrivateStack(state_dir, secure=True)`` runs Kafka as ``agentstream dev up --secure`` does (SASL/SCRAM, a
+principal per service, ACLs): ``settings(principal="client")`` and ``env("planner")`` connect as one of
+them, ``await stack.grant(topics)`` creates a prefix's topics and ACLs as the administrator.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from pathlib import Path
 from agentstream.devstack import process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
+from agentstream.devstack.secure import KafkaSecrets
 from agentstream.streams import migrations
+from agentstream.streams.acls import ADMIN, acl_bindings, apply_acls
 from agentstream.streams.config import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
@@ -45,6 +51,8 @@ from agentstream.streams.config import (
     write_state,
 )
 from agentstream.streams.errors import StackError
+from agentstream.streams.kafka_auth import KafkaAuth
+from agentstream.streams.topics import Topics, ensure_topics
 
 _SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})
 
@@ -79,12 +87,14 @@ def _free_port() -> int:
 class PrivateStack:
     """Kafka and PostgreSQL in ``state_dir`` on free ports (see the module docstring)."""
 
-    def __init__(self, state_dir: Path, *, brokers: int = 1, broker_overrides: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, *, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
+                 secure: bool = False) -> None:
         defaults = StackPaths.from_env()
         self.paths = StackPaths(cache_dir=defaults.cache_dir, state_dir=state_dir, infra_dir=defaults.infra_dir)
+        self.secrets = KafkaSecrets.ensure(state_dir / "secrets") if secure else None
         self.cluster = KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                                     work_dir=state_dir / "kafka", port=free_kafka_port(brokers), size=brokers,
-                                    overrides=broker_overrides or {})
+                                    overrides=broker_overrides or {}, secrets=self.secrets)
         #: Node 1 (the only one unless ``brokers`` > 1).
         self.kafka: KafkaLauncher = self.cluster.nodes[0]
         run_as = process.RunAs.for_postgres()
@@ -99,17 +109,37 @@ class PrivateStack:
     def database_url(self) -> str:
         return self.postgres.url
 
-    def settings(self, *, topic_prefix: str = "", partitions: int = 4, session_timeout_ms: int = 6000) -> Settings:
-        """Settings for this stack only (nothing from the environment's connection variables)."""
+    def auth(self, principal: str = ADMIN) -> KafkaAuth:
+        """How ``principal`` connects (unauthenticated unless the stack is secure)."""
+        return self.secrets.auth(principal) if self.secrets else KafkaAuth()
+
+    def settings(self, *, topic_prefix: str = "", partitions: int = 4, session_timeout_ms: int = 6000,
+                 principal: str = ADMIN) -> Settings:
+        """Settings for this stack only (nothing from the environment's connection variables); on a
+        secure stack as ``principal``."""
         return Settings(kafka_bootstrap=self.bootstrap, database_url=self.database_url, external_kafka=True,
                         external_database=True, paths=self.paths, topic_prefix=topic_prefix, partitions=partitions,
-                        replication_factor=min(3, self.cluster.size), session_timeout_ms=session_timeout_ms)
+                        replication_factor=min(3, self.cluster.size), session_timeout_ms=session_timeout_ms,
+                        kafka_auth=self.auth(principal))
 
-    def env(self) -> dict[str, str]:
-        """What a child process needs to use this stack (and only this stack)."""
-        return {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "DATABASE_URL": self.database_url,
-                "AGENTSTREAM_STATE_DIR": str(self.paths.state_dir),
-                "AGENTSTREAM_KAFKA_PORT": str(self.kafka.port), "AGENTSTREAM_PG_PORT": str(self.postgres.port)}
+    def env(self, principal: str | None = None) -> dict[str, str]:
+        """What a child process needs to use this stack (and only this stack); on a secure stack, as
+        ``principal`` (its password by file, as a deployment would give it)."""
+        env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "DATABASE_URL": self.database_url,
+               "AGENTSTREAM_STATE_DIR": str(self.paths.state_dir),
+               "AGENTSTREAM_KAFKA_PORT": str(self.kafka.port), "AGENTSTREAM_PG_PORT": str(self.postgres.port)}
+        if self.secrets and principal:
+            env.update(AGENTSTREAM_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT", AGENTSTREAM_KAFKA_USERNAME=principal,
+                       AGENTSTREAM_KAFKA_PASSWORD_FILE=str(self.secrets.path(principal)))
+        return env
+
+    async def grant(self, topics: Topics) -> None:
+        """Create ``topics`` (the catalogue under their prefix) and, on a secure stack, the ACLs that let
+        each principal use them, as the administrator (what ``agentstream dev up`` does for its own)."""
+        admin = self.auth(ADMIN)
+        await ensure_topics(self.bootstrap, topics.specs(), auth=admin)
+        if admin.sasl:
+            await apply_acls(self.bootstrap, admin, acl_bindings(topics))
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -117,7 +147,9 @@ class PrivateStack:
         self.paths.state_dir.mkdir(parents=True, exist_ok=True)
         self._record(kafka=self.bootstrap, kafka_port=self.kafka.port, kafka_controller_port=self.kafka.controller_port,
                      kafka_dir=str(self.kafka.work_dir), kafka_brokers=self.cluster.size, database_url=self.database_url,
-                     postgres_port=self.postgres.port, postgres_dir=str(self.postgres.work_dir))
+                     postgres_port=self.postgres.port, postgres_dir=str(self.postgres.work_dir),
+                     kafka_security="SASL_PLAINTEXT" if self.secrets else None,
+                     kafka_secrets_dir=str(self.secrets.directory) if self.secrets else None)
         await asyncio.gather(self.start_kafka(), self.start_postgres())
         await migrations.migrate(self.database_url)
 

@@ -23,7 +23,9 @@ from urllib.parse import urlsplit
 from agentstream.devstack import process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
+from agentstream.devstack.secure import KafkaSecrets
 from agentstream.streams import migrations
+from agentstream.streams.acls import acl_bindings, apply_acls
 from agentstream.streams.config import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
@@ -37,6 +39,7 @@ from agentstream.streams.config import (
     write_state,
 )
 from agentstream.streams.errors import StackError
+from agentstream.streams.kafka_auth import KafkaAuth
 from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coordinator
 
 
@@ -61,6 +64,8 @@ class StackStatus:
     postgres_pid: int | None = None
     #: The local cluster's nodes (none for a user's own cluster).
     brokers: tuple[Broker, ...] = ()
+    #: Kafka with SASL/SCRAM and ACLs (``dev up --secure``).
+    secure: bool = False
 
     def __repr__(self) -> str:
         return masked_repr(self)
@@ -73,7 +78,7 @@ class StackStatus:
         """The documented shape of ``agentstream dev status --json``, passwords masked (it is printed, and
         logs keep it): a program that connects reads ``Settings.load()``, i.e. the state file."""
         return {"kafka": mask_url(self.kafka), "database_url": mask_url(self.database_url), "running": self.running,
-                "brokers": [{"node_id": b.node_id, "address": mask_url(b.address), "running": b.running, "pid": b.pid}
+                "secure": self.secure, "brokers": [{"node_id": b.node_id, "address": mask_url(b.address), "running": b.running, "pid": b.pid}
                             for b in self.brokers]}
 
 
@@ -84,14 +89,18 @@ class DevStack:
         self.paths = paths or StackPaths.from_env()
 
     # -- launchers -------------------------------------------------------------------------------
-    def _kafka(self, port: int, controller_port: int) -> KafkaLauncher:
+    def _kafka(self, port: int, controller_port: int, secrets: KafkaSecrets | None = None) -> KafkaLauncher:
         return KafkaLauncher(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                              work_dir=self.paths.state_dir / "kafka", port=port,
-                             controller_port=controller_port)
+                             controller_port=controller_port, secrets=secrets)
 
-    def _cluster(self, port: int, brokers: int) -> KafkaCluster:
+    def _cluster(self, port: int, brokers: int, secrets: KafkaSecrets | None = None) -> KafkaCluster:
         return KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
-                            work_dir=self.paths.state_dir / "kafka", port=port, size=brokers)
+                            work_dir=self.paths.state_dir / "kafka", port=port, size=brokers, secrets=secrets)
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.paths.state_dir / "secrets"
 
     def _postgres(self, port: int) -> PostgresLauncher:
         run_as = process.RunAs.for_postgres()
@@ -120,7 +129,7 @@ class DevStack:
         kafka_ref, postgres_ref = _ref(state, "kafka"), _ref(state, "postgres")
         brokers: tuple[Broker, ...] = ()
         if settings.external_kafka:
-            kafka_running = asyncio.run(metadata_ok(settings.kafka_bootstrap))
+            kafka_running = asyncio.run(metadata_ok(settings.kafka_bootstrap, auth=settings.kafka_auth))
         else:
             refs = node_refs(state)
             addresses = settings.kafka_bootstrap.split(",")
@@ -139,15 +148,17 @@ class DevStack:
             kafka_pid=kafka_ref.pid if kafka_ref and kafka_running and not settings.external_kafka else None,
             postgres_pid=postgres_ref.pid if postgres_ref and postgres_running
             and not settings.external_database else None, brokers=brokers,
+            secure=settings.kafka_auth.sasl,
         )
 
     def up(self, *, kafka_port: int | None = None, pg_port: int | None = None,
-           brokers: int | None = None) -> StackStatus:
+           brokers: int | None = None, secure: bool | None = None) -> StackStatus:
         """Start whatever is not running yet, apply migrations, record the state. Idempotent.
 
         Kafka's controller listens on the port after the broker's (``kafka_port + 1``). ``brokers``:
         1 (the default) or a cluster of that many nodes (``KafkaCluster``: node n on ``kafka_port +
-        2(n-1)``); a node of a running cluster that died is started again.
+        2(n-1)``); a node of a running cluster that died is started again. ``secure``: SASL/SCRAM with a
+        principal per service and the client, and ACLs (docs/security.md); None keeps what the stack has.
         """
         env_kafka_port, env_pg_port = dev_ports()
         with self._locked():
@@ -166,6 +177,12 @@ class DevStack:
             if brokers != recorded_brokers and state.get("kafka_dir") and Path(state["kafka_dir"]).exists():
                 raise StackError(f"the stack's Kafka data is a {recorded_brokers}-broker cluster's; run "
                                  f"`agentstream dev down --purge` before starting {brokers}")
+            was_secure = bool(state.get("kafka_secrets_dir"))
+            secure = was_secure if secure is None else secure
+            if secure != was_secure and state.get("kafka_dir") and Path(state["kafka_dir"]).exists():
+                raise StackError(f"the stack's Kafka runs {'with' if was_secure else 'without'} authentication; run "
+                                 f"`agentstream dev down --purge` before starting it {'with' if secure else 'without'}")
+            secrets = KafkaSecrets.ensure(self.secrets_dir) if secure else None
             for name, running, asked, recorded in (
                 ("Kafka", before.kafka_running, kafka_port, state.get("kafka_port")),
                 ("PostgreSQL", before.postgres_running, pg_port, state.get("postgres_port")),
@@ -173,8 +190,8 @@ class DevStack:
                 if running and recorded and asked != recorded:
                     raise StackError(f"{name} is already running on port {recorded}; "
                                      "run `agentstream dev down` before choosing another port")
-            kafka = self._kafka(kafka_port, kafka_port + 1)
-            cluster = self._cluster(kafka_port, brokers)
+            kafka = self._kafka(kafka_port, kafka_port + 1, secrets)
+            cluster = self._cluster(kafka_port, brokers, secrets)
             postgres = self._postgres(pg_port)
             to_start: dict[str, Callable[[], Any]] = {}
             if not settings.external_kafka and not before.kafka_running:
@@ -196,7 +213,8 @@ class DevStack:
                 nodes = refs["kafka"] if isinstance(refs["kafka"], dict) else {1: refs["kafka"]}
                 state.update(kafka=kafka.bootstrap if brokers == 1 else cluster.bootstrap, kafka_port=kafka.port,
                              kafka_controller_port=kafka.controller_port, kafka_dir=str(kafka.work_dir),
-                             kafka_brokers=brokers)
+                             kafka_brokers=brokers, kafka_security="SASL_PLAINTEXT" if secrets else "PLAINTEXT",
+                             kafka_secrets_dir=str(secrets.directory) if secrets else None)
                 state.update(node_state(state, nodes))
             if "postgres" in refs:
                 state.update(database_url=postgres.url, postgres_port=postgres.port,
@@ -206,7 +224,9 @@ class DevStack:
                 state["started_at"] = time.time()
                 self._write_state(state)
             settings = Settings.load(self.paths)
-            asyncio.run(_prepare(settings))
+            admin = KafkaSecrets(Path(state["kafka_secrets_dir"])).admin \
+                if state.get("kafka_secrets_dir") and not settings.external_kafka else settings.kafka_auth
+            asyncio.run(_prepare(settings, admin))
             return self.status()
 
     @staticmethod
@@ -245,20 +265,27 @@ class DevStack:
                 if state.get("kafka_dir"):
                     for n in range(2, int(state.get("kafka_brokers") or 1) + 1):
                         shutil.rmtree(f"{state['kafka_dir']}-{n}", ignore_errors=True)
+                shutil.rmtree(self.secrets_dir, ignore_errors=True)  # the purged broker's credentials
                 self.paths.state_file.unlink(missing_ok=True)
             elif state:
                 self._write_state(state)
         return stopped
 
 
-async def _prepare(settings: Settings) -> None:
-    """Migrations, the catalogue's topics and a group coordinator, concurrently: the first waits on
-    PostgreSQL, the others on Kafka (a fresh broker takes a second or two to create
-    ``__consumer_offsets``)."""
+async def _prepare(settings: Settings, admin: KafkaAuth) -> None:
+    """Migrations, the catalogue's topics (and on a secure stack their ACLs) and a group coordinator,
+    concurrently: the first waits on PostgreSQL, the others on Kafka (a fresh broker takes a second or two
+    to create ``__consumer_offsets``). Kafka's part runs as ``admin``: on a secure stack only the super
+    user may create topics and ACLs."""
     topics = Topics.of(settings)
-    await asyncio.gather(migrations.migrate(settings.database_url),
-                         ensure_topics(settings.kafka_bootstrap, topics.specs()),
-                         wait_for_group_coordinator(settings.kafka_bootstrap))
+
+    async def kafka() -> None:
+        await ensure_topics(settings.kafka_bootstrap, topics.specs(), auth=admin)
+        if admin.sasl:
+            await apply_acls(settings.kafka_bootstrap, admin, acl_bindings(topics))
+
+    await asyncio.gather(migrations.migrate(settings.database_url), kafka(),
+                         wait_for_group_coordinator(settings.kafka_bootstrap, auth=admin))
 
 
 def _ref(state: dict, name: str) -> process.ProcessRef | None:

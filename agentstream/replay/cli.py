@@ -25,6 +25,15 @@ err = Console(stderr=True)
 T = TypeVar("T")
 
 
+@app.callback()
+def _replay_principal() -> None:
+    """On a secure stack, replays run as the replay principal (docs/security.md)."""
+    from agentstream.streams.config import use_kafka_principal
+
+    use_kafka_principal("replay")
+
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run on uvloop like the other commands (imported here: agentstream.cli imports this module)."""
     from agentstream.cli import run_async

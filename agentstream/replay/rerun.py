@@ -300,8 +300,8 @@ async def create_topics(settings: Settings, *, within_s: float = 15.0) -> None:
     so the session's consumers do not start on partitions the broker is still electing for."""
     topics = Topics.of(settings)
     specs = topics.specs()
-    await ensure_topics(settings.kafka_bootstrap, specs)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await ensure_topics(settings.kafka_bootstrap, specs, auth=settings.kafka_auth)
+    admin = AIOKafkaAdminClient(**settings.kafka_options())
     await admin.start()
     try:
         deadline = asyncio.get_running_loop().time() + within_s
@@ -318,7 +318,7 @@ async def create_topics(settings: Settings, *, within_s: float = 15.0) -> None:
 async def delete_topics(settings: Settings) -> None:
     """Delete the replay's topics (never unprefixed ones); leftovers are clutter, not a failed replay."""
     try:
-        await Topics(settings.topic_prefix, settings.partitions).delete_all(settings.kafka_bootstrap)
+        await Topics(settings.topic_prefix, settings.partitions).delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth)
     except Exception as exc:
         log.warning("could not delete replay topics under %s: %s", settings.topic_prefix, exc)
 

@@ -61,6 +61,7 @@ class AlertsApp:
         self.app = app = faust.App(
             self.app_id,
             broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
+            broker_credentials=settings.kafka_auth.faust_credentials(),
             store="memory://", web_enabled=False,
             topic_partitions=settings.partitions, topic_replication_factor=topics.replication_factor,
             consumer_auto_offset_reset="earliest" if from_start else "latest",
@@ -157,7 +158,8 @@ class AlertsApp:
         its lag is back under half the threshold. Groups that never committed (a service that is not
         deployed) are skipped."""
         if self._offsets is None:
-            self._offsets = GroupOffsets(self.settings.kafka_bootstrap, f"{self.app_id}-lag")
+            self._offsets = GroupOffsets(self.settings.kafka_bootstrap, f"{self.app_id}-lag",
+                                         auth=self.settings.kafka_auth)
             await self._offsets.start()
         raised = []
         n = self.topics.partitions
@@ -182,12 +184,12 @@ class AlertsApp:
     # -- running ---------------------------------------------------------------------------------
     async def ensure_topics(self) -> None:
         """The catalogue's topics (agent.alerts among them): the app may start before any worker."""
-        await ensure_topics(self.settings.kafka_bootstrap, self.topics.specs())
+        await ensure_topics(self.settings.kafka_bootstrap, self.topics.specs(), auth=self.settings.kafka_auth)
 
     async def start(self) -> None:
         await self.ensure_topics()
         if self.codec.schemas is not None:  # AlertRaised's schema, for readers of another version
-            producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all")
+            producer = AIOKafkaProducer(**self.settings.kafka_options(), acks="all")
             await producer.start()
             try:
                 await self.codec.schemas.publish(producer)

@@ -389,7 +389,7 @@ class RetrievalWaiter:
             if self._consumer is not None:
                 return
             settings = self.runtime.settings
-            consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
+            consumer = AIOKafkaConsumer(**settings.kafka_options(), enable_auto_commit=False,
                                         isolation_level="read_committed", fetch_max_wait_ms=100,
                                         client_id="agentstream-tools-retrieval")
             await consumer.start()

@@ -464,10 +464,10 @@ async def show(settings: Settings, run_id: str, *, check: bool = True, codec: Co
     started = time.perf_counter()
     own_codec = codec is None and check
     codec = codec or (codec_for(settings) if check else None)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**settings.kafka_options(), enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=20, consumer_timeout_ms=20,
                                 client_id="agentstream-replay-show") if check else None
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+    admin = AIOKafkaAdminClient(**settings.kafka_options(),
                                 client_id="agentstream-replay-show") if check else None
     clients = [c for c in (consumer, admin) if c is not None]
     connecting = asyncio.gather(*(c.start() for c in clients))

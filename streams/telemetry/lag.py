@@ -17,6 +17,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
+
 if TYPE_CHECKING:
     from agentstream.streams.runtime import ServiceRunner
     from agentstream.streams.telemetry.metrics import Metrics
@@ -27,17 +29,18 @@ log = logging.getLogger(__name__)
 class GroupOffsets:
     """Committed and end offsets, through one admin client and one group-less consumer."""
 
-    def __init__(self, bootstrap: str, client_id: str) -> None:
+    def __init__(self, bootstrap: str, client_id: str, *, auth: KafkaAuth | None = None) -> None:
         self.bootstrap = bootstrap
+        self.auth = auth
         self.client_id = client_id
         self.admin: AIOKafkaAdminClient | None = None
         self.consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
         if self.admin is None:
-            self.admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id)
+            self.admin = AIOKafkaAdminClient(**kafka_options(self.bootstrap, self.auth), client_id=self.client_id)
             await self.admin.start()
-            self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+            self.consumer = AIOKafkaConsumer(**kafka_options(self.bootstrap, self.auth), enable_auto_commit=False,
                                              auto_offset_reset="earliest", isolation_level="read_committed",
                                              fetch_max_wait_ms=50, client_id=self.client_id)
             await self.consumer.start()

@@ -174,3 +174,27 @@ def test_a_kustomize_base_lists_every_file(tmp_path):
     again = [yaml.safe_load(p.read_text()) for p in written if p.name != "kustomization.yaml"]
     assert again == objects
     assert list(yaml.safe_load_all(render.to_yaml(objects))) == objects
+
+
+def test_with_sasl_each_service_authenticates_as_itself_with_a_mounted_password_file():
+    v = values.load()
+    v["kafka"]["sasl"] = {"securityProtocol": "SASL_SSL", "secretPrefix": "kc-"}
+    objects = manifests.render(v)
+    config = _named(objects, "ConfigMap", "agentstream-config")["data"]
+    assert (config["AGENTSTREAM_KAFKA_SECURITY_PROTOCOL"], config["AGENTSTREAM_KAFKA_SASL_MECHANISM"]) == (
+        "SASL_SSL", "SCRAM-SHA-512")
+    for name, principal in (("agentstream-tools", "tools"), ("agentstream-planner", "planner"),
+                            ("agentstream-alerts", "alerts"), ("agentstream-migrate", "admin")):
+        kind = "Job" if name.endswith("migrate") else "Deployment"
+        pod = _named(objects, kind, name)["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env["AGENTSTREAM_KAFKA_USERNAME"] == principal
+        assert env["AGENTSTREAM_KAFKA_PASSWORD_FILE"] == f"{manifests.KAFKA_SECRET_DIR}/password"
+        assert not any("PASSWORD" in k and k != "AGENTSTREAM_KAFKA_PASSWORD_FILE" for k in env)
+        [volume] = [v for v in pod["volumes"] if v["name"] == "kafka-credentials"]
+        assert volume["secret"]["secretName"] == f"kc-{principal}"
+        assert {"name": "kafka-credentials", "mountPath": manifests.KAFKA_SECRET_DIR, "readOnly": True} in \
+            container["volumeMounts"]
+    plain = manifests.render(values.load())
+    assert "AGENTSTREAM_KAFKA_SECURITY_PROTOCOL" not in _named(plain, "ConfigMap", "agentstream-config")["data"]

@@ -1,5 +1,5 @@
 import abc
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from aiokafka.protocol.struct import Struct
 
@@ -8,5 +8,8 @@ class Response(Struct, metaclass=abc.ABCMeta):
     API_VERSION: ClassVar[int]
     def to_object(self) -> dict[str, Any]: ...
 
-class Request(abc.ABC):
+_T = TypeVar("_T")
+
+class Request(abc.ABC, Generic[_T]):
     API_KEY: ClassVar[int]
+    def build(self, request_struct_class: type[_T]) -> _T: ...

@@ -1,0 +1,151 @@
+"""Kafka credentials (streams/kafka_auth.py, config.load_kafka_auth), the local stack's secrets and the
+ACLs derived from the topic contract (streams/acls.py). The broker's enforcement of them is tested in
+tests/integration/test_secure_stack.py."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from agentstream.devstack.secure import KafkaSecrets
+from agentstream.streams import config
+from agentstream.streams.acls import PRINCIPALS, SERVICES, Operation, Pattern, Resource, acl_bindings
+from agentstream.streams.config import Settings, StackPaths, load_kafka_auth, use_kafka_principal, write_state
+from agentstream.streams.errors import ConfigError
+from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.topics import Topics
+
+_ENV = ("AGENTSTREAM_KAFKA_SECURITY_PROTOCOL", "AGENTSTREAM_KAFKA_SASL_MECHANISM", "AGENTSTREAM_KAFKA_USERNAME",
+        "AGENTSTREAM_KAFKA_PASSWORD_FILE", "AGENTSTREAM_KAFKA_PASSWORD", "AGENTSTREAM_KAFKA_SSL_CAFILE",
+        "KAFKA_BOOTSTRAP_SERVERS")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AGENTSTREAM_STATE_DIR", str(tmp_path / "state"))
+    yield
+    use_kafka_principal("client")
+
+
+def test_plaintext_by_default_adds_no_options():
+    auth = load_kafka_auth({})
+    assert auth == KafkaAuth() and not auth.sasl and auth.options() == {}
+    assert kafka_options("h:1", auth) == {"bootstrap_servers": "h:1"}
+
+
+def test_credentials_from_a_password_file(monkeypatch, tmp_path):
+    secret = tmp_path / "planner.password"
+    secret.write_text("s3cret-value\n")
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_USERNAME", "planner")
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_PASSWORD_FILE", str(secret))
+    auth = load_kafka_auth({})
+    assert (auth.security_protocol, auth.sasl_mechanism, auth.principal) == ("SASL_PLAINTEXT", "SCRAM-SHA-512",
+                                                                             "User:planner")
+    assert auth.options() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                              "sasl_plain_username": "planner", "sasl_plain_password": "s3cret-value"}
+    assert "s3cret" not in repr(auth)
+    settings = Settings(kafka_bootstrap="h:1", database_url="postgresql://u:pw@h/db", kafka_auth=auth)
+    assert "s3cret" not in repr(settings) and "pw@" not in repr(settings)
+
+
+def test_missing_or_empty_secrets_are_clear_errors(monkeypatch, tmp_path):
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_USERNAME", "planner")
+    with pytest.raises(ConfigError, match="needs a user name and a password"):
+        load_kafka_auth({})
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_PASSWORD_FILE", str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="cannot read AGENTSTREAM_KAFKA_PASSWORD_FILE"):
+        load_kafka_auth({})
+    (tmp_path / "empty").write_text("\n")
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_PASSWORD_FILE", str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="is empty"):
+        load_kafka_auth({})
+    monkeypatch.delenv("AGENTSTREAM_KAFKA_PASSWORD_FILE")
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_PASSWORD", "x")
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_SECURITY_PROTOCOL", "SSL_MAYBE")
+    with pytest.raises(ConfigError, match="security protocol"):
+        load_kafka_auth({})
+
+
+def test_the_local_secure_stack_gives_each_process_its_own_principal(tmp_path):
+    secrets = KafkaSecrets.ensure(tmp_path / "secrets")
+    paths = StackPaths.from_env()
+    paths.state_dir.mkdir(parents=True)
+    write_state(paths.state_file, {"kafka_security": "SASL_PLAINTEXT", "kafka_secrets_dir": str(secrets.directory)})
+    assert Settings.load().kafka_auth.username == "client"
+    use_kafka_principal("tools")
+    auth = Settings.load().kafka_auth
+    assert (auth.username, auth.password) == ("tools", secrets.password("tools"))
+    assert config.process_kafka_auth() == auth
+
+
+def test_a_user_cluster_named_in_the_environment_ignores_the_local_stack_secrets(monkeypatch, tmp_path):
+    secrets = KafkaSecrets.ensure(tmp_path / "secrets")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka.example:9092")
+    assert load_kafka_auth({"kafka_security": "SASL_PLAINTEXT", "kafka_secrets_dir": str(secrets.directory)},
+                           external=True) == KafkaAuth()
+
+
+def test_secrets_are_private_random_and_kept(tmp_path):
+    first = KafkaSecrets.ensure(tmp_path / "secrets")
+    passwords = {name: first.password(name) for name in ("admin", *PRINCIPALS)}
+    assert len(set(passwords.values())) == len(passwords)
+    assert (tmp_path / "secrets").stat().st_mode & 0o077 == 0
+    assert all(first.path(name).stat().st_mode & 0o077 == 0 for name in passwords)
+    again = KafkaSecrets.ensure(tmp_path / "secrets")
+    assert {name: again.password(name) for name in passwords} == passwords
+
+
+def test_scram_credentials_for_the_broker_are_salted_hashes_not_passwords(tmp_path):
+    secrets = KafkaSecrets.ensure(tmp_path / "secrets")
+    args = secrets.scram_arguments()
+    text = " ".join(args)
+    assert not any(secrets.password(name) in text for name in ("admin", *PRINCIPALS))
+    planner = next(a for a in args if "name=planner," in a)
+    fields = dict(part.split("=", 1) for part in planner.split("=[", 1)[1].rstrip("]").split(","))
+    salt = base64.b64decode(fields["salt"].strip('"'))
+    salted = hashlib.pbkdf2_hmac("sha512", secrets.password("planner").encode(), salt, int(fields["iterations"]))
+    assert base64.b64decode(fields["saltedpassword"].strip('"')) == salted
+
+
+def _rights(principal: str, topics: Topics) -> set[tuple[str, str]]:
+    return {(b.operation.name, b.name) for b in acl_bindings(topics)
+            if b.principal == principal and b.resource is Resource.TOPIC and b.pattern is Pattern.LITERAL}
+
+
+def test_least_privilege_for_the_client_and_the_tool_service():
+    topics = Topics("p.")
+    client = _rights("client", topics)
+    assert ("WRITE", topics.tasks) in client and ("READ", topics.outcomes) in client
+    assert ("READ", topics.tokens) in client
+    assert not any(name in (topics.tool_requests, topics.tool_results, topics.inference_requests)
+                   for _op, name in client)
+    tools = _rights("tools", topics)
+    assert {name for op, name in tools if op == "WRITE"} == {
+        topics.tool_results, topics.retrieval_requests, topics.dlq, topics.tools, topics.schemas}
+    assert {name for op, name in tools if op == "READ"} == {
+        topics.tool_requests, topics.retrieval_results, topics.tools, topics.schemas}
+
+
+def test_groups_and_the_worker_that_runs_every_service():
+    topics = Topics()
+    bindings = acl_bindings(topics)
+    for service in SERVICES:
+        group = topics.group(service)
+        assert [b.principal for b in bindings if b.resource is Resource.GROUP and b.name == group
+                and b.operation is Operation.READ] == sorted([service, "worker"])
+        assert _rights(service, topics) <= _rights("worker", topics)
+    assert not any(b.principal == "client" and b.resource is Resource.GROUP and b.operation is Operation.READ
+                   for b in bindings)
+    assert all(b.principal != "admin" for b in bindings)  # the super user needs none
+
+
+def test_the_security_page_shows_the_acls_the_code_derives():
+    from agentstream.streams.acls import acl_markdown
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    assert acl_markdown(acl_bindings(Topics())) in page
