@@ -290,7 +290,7 @@ def worker(
                                                 "AGENTSTREAM_TRTLLM_MAX_SEQ_LEN, else the model's context length)."),
     max_num_tokens: int = typer.Option(None, help="trtllm: tokens of one engine step (default: "
                                                    "AGENTSTREAM_TRTLLM_MAX_NUM_TOKENS, else TensorRT-LLM's)."),
-    chunked_prefill: bool = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
+    chunked_prefill: bool | None = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
                                          help="trtllm: prefill long prompts over several steps (default: on, "
                                               "AGENTSTREAM_TRTLLM_CHUNKED_PREFILL)."),
     http_allow: list[str] = typer.Option(None, "--http-allow", help="Serve http_get for this host (repeatable; "

@@ -114,7 +114,7 @@ async def test_a_field_the_release_lacks_is_refused_before_the_model_loads(fake:
 
 
 def test_lookahead_static_batch_and_unknown_options_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match="TensorRT-engine backend.*PyTorch"):
+    with pytest.raises(ValueError, match=r"TensorRT-engine backend.*PyTorch"):
         TrtLlmBackend(model="m", speculative={"kind": "lookahead", "max_window_size": 4})
     with pytest.raises(ValueError, match="static batching is not offered by the PyTorch backend"):
         TrtLlmBackend(model="m", scheduler_policy="static_batch")
@@ -130,7 +130,7 @@ def test_lookahead_static_batch_and_unknown_options_refused_with_the_reason() ->
 
 async def test_an_unknown_sampling_option_fails_the_request_clearly(fake: Fake) -> None:
     backend = await _started(sampling_options={"ignore_eos": True, "max_new_tokens": 5})  # not the API's name
-    with pytest.raises(BackendError, match="SamplingParams.*max_new_tokens") as refused:
+    with pytest.raises(BackendError, match=r"SamplingParams.*max_new_tokens") as refused:
         await anext(backend.generate(_request()))
     assert not refused.value.retriable and not refused.value.fatal
 

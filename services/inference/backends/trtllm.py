@@ -188,9 +188,10 @@ class TrtLlmBackend:
                 from tensorrt_llm import llmapi
             except Exception as exc:  # not installed, or its CUDA libraries do not load
                 raise BackendError(f"tensorrt_llm could not be imported ({exc}): {_INSTALL_HINT}") from exc
-            llm_args: Any = None
-            with contextlib.suppress(ImportError):
+            try:
                 from tensorrt_llm.llmapi import llm_args
+            except ImportError:  # where the config classes live moved between releases: llmapi suffices
+                llm_args = None
             kwargs = self._llm_kwargs(tensorrt_llm, llmapi, llm_args)
             check_llm_fields(getattr(llm_args, "TorchLlmArgs", None), kwargs)
             try:
