@@ -278,7 +278,10 @@ class TrtLlmBackend:
                 chat_messages(request.messages), tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # no template, or one that rejects the conversation
             raise BackendError(f"{self.model}: the chat template failed: {exc}") from exc
-        return list(llm.tokenizer.encode(text, add_special_tokens=False))  # the template wrote BOS
+        try:
+            return list(llm.tokenizer.encode(text, add_special_tokens=False))  # the template wrote BOS
+        except Exception as exc:
+            raise BackendError(f"{self.model}: the tokenizer failed: {exc}") from exc
 
     def _sampling_params(self, request: GenerationRequest) -> Any:
         options: dict[str, Any] = {

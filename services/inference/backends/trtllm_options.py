@@ -3,7 +3,8 @@
 Why up front: loading a model takes minutes (weights, CUDA graphs, KV allocation), and TensorRT-LLM's
 config classes are pydantic models that forbid unknown fields, so an option spelled for another release
 fails only then, deep in a traceback. Everything here is decided from the options alone (``__init__``)
-or from the installed classes' declared fields (``start``), never from a version table of our own:
+or from the installed classes' declared fields (``start``), not from a version table of our own (the
+backend reads the version once, for ``cached_tokens``, which no config class declares):
 
 * speculative decoding: the draft model's field is ``speculative_model_dir`` in the 1.0 releases and
   ``speculative_model`` later (which still accepts the old name as an alias); the name the installed
