@@ -294,6 +294,13 @@ def worker(
     model: str = typer.Option(None, help="Model: a name for openai, a path or HF id for trtllm/llamacpp."),
     base_url: str = typer.Option(None, help="openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."),
     threads: int = typer.Option(None, help="llamacpp: CPU threads for the engine (default: all cores)."),
+    max_seq_len: int = typer.Option(None, help="trtllm: prompt + generated tokens of one sequence (default: "
+                                                "AGENTSTREAM_TRTLLM_MAX_SEQ_LEN, else the model's context length)."),
+    max_num_tokens: int = typer.Option(None, help="trtllm: tokens of one engine step (default: "
+                                                   "AGENTSTREAM_TRTLLM_MAX_NUM_TOKENS, else TensorRT-LLM's)."),
+    chunked_prefill: bool | None = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
+                                         help="trtllm: prefill long prompts over several steps (default: on, "
+                                              "AGENTSTREAM_TRTLLM_CHUNKED_PREFILL)."),
     http_allow: list[str] = typer.Option(None, "--http-allow", help="Serve http_get for this host (repeatable; "
                                                                     "default: AGENTSTREAM_HTTP_ALLOWED_HOSTS, else off)."),
     tools_module: list[str] = typer.Option(None, "--tools", help="Module(s) of @tool functions to serve "
@@ -309,7 +316,12 @@ def worker(
     from agentstream.services.tools.builtin import BuiltinConfig
     from agentstream.services.tools.http import HttpGetConfig
     from agentstream.services.worker import SERVICES, WorkerOptions, serve
-    from agentstream.streams.config import model_api_key, tool_environment, use_kafka_principal
+    from agentstream.streams.config import (
+        TrtLlmSettings,
+        model_api_key,
+        tool_environment,
+        use_kafka_principal,
+    )
 
     use_kafka_principal("worker" if service == "all" else service)  # on a secure stack: its own principal
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -323,6 +335,12 @@ def worker(
         backend_options["threads"] = threads
     if backend == "openai" and model_api_key():
         backend_options["api_key"] = model_api_key()
+    if backend == "trtllm":
+        limits = TrtLlmSettings.load()
+        limits = dataclasses.replace(
+            limits, max_seq_len=max_seq_len or limits.max_seq_len, max_num_tokens=max_num_tokens or limits.max_num_tokens,
+            chunked_prefill=limits.chunked_prefill if chunked_prefill is None else chunked_prefill)
+        backend_options.update(limits.backend_options())
     builtin = BuiltinConfig.from_env(tool_environment())
     if http_allow:
         builtin = dataclasses.replace(builtin, http_get=HttpGetConfig.parse_hosts(http_allow))

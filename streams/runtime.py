@@ -429,6 +429,15 @@ class ServiceRunner:
     def stop(self) -> None:
         self._stopping.set()
 
+    def fail(self, exc: BaseException) -> None:
+        """Stop because the service cannot go on in this process (its in-process engine died): readiness
+        says so at once, in-flight records drain as on shutdown, and ``run()`` raises ``exc`` so that the
+        worker exits non-zero and its supervisor restarts it. The path a record that can be neither
+        handled nor dead-lettered already takes; a handler that calls this raises ``Abandoned`` for its
+        record, which the partition's next owner then handles."""
+        self._failure = self._failure or exc
+        self._stopping.set()
+
     async def wait_joined(self, timeout: float = 60.0) -> None:
         """Until partitions were assigned to this member (tests and benchmarks wait for it)."""
         await asyncio.wait_for(self._joined.wait(), timeout)
@@ -526,8 +535,7 @@ class ServiceRunner:
             # service rather than commit past the record; the next start redelivers it.
             log.exception("%s: %s[%d]@%d could not be processed or dead-lettered; stopping",
                           self.config.name, record.topic, record.partition, record.offset)
-            self._failure = self._failure or exc
-            self._stopping.set()
+            self.fail(exc)
             return
         self.tracker.done(tp, record.offset)
 

@@ -28,6 +28,7 @@ from agentstream.services.inference.backends.base import (
     Final,
     GenerationRequest,
 )
+from agentstream.streams.errors import Abandoned
 from agentstream.streams.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
 from agentstream.streams.outcomes import RunResult
 from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
@@ -41,6 +42,8 @@ class InferenceService:
         self.backend = backend
         self.token_flush_s = token_flush_s
         self._generating: dict[str, set[asyncio.Task]] = {}
+        #: The runner of ``service()``: stopped when the backend reports its engine dead.
+        self._runner: ServiceRunner | None = None
         metrics = getattr(runtime, "metrics", None)  # None: no metrics (or a stand-in runtime in tests)
         self._metrics = metrics
         if metrics is not None:
@@ -58,7 +61,8 @@ class InferenceService:
         config = ServiceConfig(name=SERVICE, topics=[topics.inference_requests],
                                group_id=topics.group(SERVICE), concurrency=slots,
                                max_in_flight=max(4 * slots, 16), **overrides)
-        return ServiceRunner(self.runtime, config, self.handle)
+        self._runner = ServiceRunner(self.runtime, config, self.handle)
+        return self._runner
 
     async def handle(self, event: Event, ctx: Context) -> None:
         if not isinstance(event, InferenceRequested):
@@ -90,8 +94,14 @@ class InferenceService:
             await self._complete(ctx, event, _nothing("error"), started, error="deadline_exceeded")
             return
         except BackendError as exc:
+            if exc.fatal:
+                # The engine is gone for this process: stop and exit for the supervisor (a restart
+                # reloads it); the request stays uncommitted for whoever owns its partition next.
+                if self._runner is not None:
+                    self._runner.fail(exc)
+                raise Abandoned(f"the model engine died: {exc}") from exc
             if exc.retriable:
-                raise  # the runtime retries with backoff, then dead-letters
+                raise  # the model server is having an outage: the runtime waits it out
             await self._complete(ctx, event, _nothing("error"), started, error=str(exc))
             return
         finally:
@@ -138,7 +148,8 @@ class InferenceService:
             run_id=event.run_id, step=event.step_id, service=SERVICE, attempt=event.attempt,
             parent_step_id=event.parent_step_id, text=final.text,
             finish_reason=final.finish_reason, prompt_tokens=final.prompt_tokens,
-            completion_tokens=final.completion_tokens, cached_prompt_tokens=final.cached_prompt_tokens,
+            # The event's field is an int (schema default 0): "unknown" shows in the metrics and span.
+            completion_tokens=final.completion_tokens, cached_prompt_tokens=final.cached_prompt_tokens or 0,
             ttft_ms=final.ttft_ms, duration_ms=duration_s * 1000,
             model=final.model, backend=self.backend.name, error=error))
         if self._metrics is not None:
@@ -148,8 +159,10 @@ class InferenceService:
             span.set_attributes({
                 "gen_ai.request.model": final.model or (event.model or ""), "agentstream.backend": self.backend.name,
                 "gen_ai.usage.input_tokens": final.prompt_tokens, "gen_ai.usage.output_tokens": final.completion_tokens,
-                "agentstream.cached_prompt_tokens": final.cached_prompt_tokens, "agentstream.ttft_ms": final.ttft_ms,
+                "agentstream.ttft_ms": final.ttft_ms,
                 "agentstream.step_ms": duration_s * 1000, "agentstream.finish_reason": final.finish_reason})
+            if final.cached_prompt_tokens is not None:  # absent, not 0, when the engine does not say
+                span.set_attribute("agentstream.cached_prompt_tokens", final.cached_prompt_tokens)
             if error is not None:
                 span.set_attribute("agentstream.error", error)
 
@@ -166,7 +179,8 @@ class InferenceService:
         if final.completion_tokens > 1 and duration_s > ttft_s:
             m.tokens_per_s.observe((final.completion_tokens - 1) / (duration_s - ttft_s))
         m.prompt_tokens.inc(final.prompt_tokens)
-        m.cached_prompt_tokens.inc(final.cached_prompt_tokens)
+        if final.cached_prompt_tokens is not None:
+            m.cached_prompt_tokens.inc(final.cached_prompt_tokens)
         m.completion_tokens.inc(final.completion_tokens)
 
 

@@ -455,6 +455,29 @@ async def test_failed_records_go_to_the_dead_letter_topic_with_the_reason_and_th
     assert kafka.committed == {TP0: 5}
 
 
+async def test_a_service_that_cannot_go_on_fails_unready_and_leaves_its_record_uncommitted(kafka, codec):
+    """``fail()`` + ``Abandoned`` (what the inference service does when its engine died): the service stops,
+    ``run()`` raises the cause for the worker to exit non-zero, and the record is neither committed nor
+    dead-lettered: the partition's next owner handles it."""
+    handler = Handler()
+    svc = Service(kafka, codec, handler)
+    dead = RuntimeError("the engine is dead")
+
+    def die(_n: int) -> BaseException:
+        svc.runner.fail(dead)
+        return Abandoned("the engine died")
+
+    handler.fail["b:0"] = die
+    produce(kafka, codec, 0, "a:0", "b:0")
+    await svc.start()
+    assert svc.task is not None
+    with pytest.raises(RuntimeError, match="the engine is dead"):
+        await asyncio.wait_for(svc.task, 5)
+    assert svc.runner.stopping and svc.consumer.stopped
+    assert kafka.committed == {TP0: 1} and svc.letters() == []
+    assert handler.calls["b:0"] == 1  # not retried in this process
+
+
 async def test_a_record_that_cannot_be_dead_lettered_stops_the_service_uncommitted(kafka, codec):
     handler = Handler()
     handler.fail["b:0"] = lambda _n: ValueError("bad payload")

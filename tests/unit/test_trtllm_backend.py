@@ -1,9 +1,8 @@
-"""The TensorRT-LLM backend against a stand-in ``tensorrt_llm`` package (no GPU, no network).
+"""The TensorRT-LLM backend against a strict stand-in ``tensorrt_llm`` of each release (no GPU, no network).
 
-The fake mirrors the parts of the real LLM API the backend uses: ``LLM(**kwargs)``, ``llm.tokenizer
-.apply_chat_template``, ``llm.generate_async(...)`` returning a ``RequestOutput``-like object that is
-async-iterated step by step (the same object each step, with ``outputs[0].text_diff``), ``abort()``,
-and the config classes, each recording the keyword arguments it was built with.
+The stand-in (``trtllm_standin.py``) refuses what the real library refuses: unknown fields, the 1.0
+spelling of the draft model on later releases and the later one on 1.0, a long prompt without chunked
+prefill, calls after the engine shut down. Tests that do not depend on the release run against each.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import types
 from typing import Any
 
 import pytest
@@ -23,124 +21,15 @@ from agentstream.services.inference.backends.base import (
     Final,
     GenerationRequest,
 )
-from agentstream.services.inference.backends.trtllm import TrtLlmBackend, chat_messages
-
-HANG = object()  # a script step that never arrives (the engine is still computing)
-
-
-class Recorded:
-    """A config class that keeps its keyword arguments."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.kwargs = kwargs
+from agentstream.services.inference.backends.trtllm import TrtLlmBackend, chat_messages, held_back
+from agentstream.services.inference.backends.trtllm_errors import engine_error
+from agentstream.services.inference.backends.trtllm_options import version_tuple
+from tests.unit.trtllm_standin import HANG, MODEL_CONTEXT, TOKENS_PER_BLOCK, VERSIONS, Fake, RequestError
 
 
-class FakeCompletion:
-    def __init__(self) -> None:
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.stop_reason: str | None = None
-        self._last = 0
-
-    @property
-    def text_diff(self) -> str:
-        return self.text[self._last:]
-
-
-class FakeResult:
-    """One request: plays ``script`` steps of ``(text, n_tokens, finish_reason)``, ``HANG`` or an exception."""
-
-    def __init__(self, script: list[Any], prompt_token_ids: list[int], cached_tokens: int) -> None:
-        self.script = list(script)
-        self.prompt_token_ids = prompt_token_ids
-        self.cached_tokens = cached_tokens
-        self.outputs = [FakeCompletion()]
-        self.finished = False
-        self.aborted = 0
-
-    def abort(self) -> None:
-        self.aborted += 1
-
-    def __aiter__(self) -> FakeResult:
-        return self
-
-    async def __anext__(self) -> FakeResult:
-        if self.finished:
-            raise StopAsyncIteration
-        step = self.script.pop(0)
-        if step is HANG:
-            await asyncio.Event().wait()
-        if isinstance(step, Exception):
-            raise step
-        text, n_tokens, finish = step
-        out = self.outputs[0]
-        out._last = len(out.text)
-        out.text += text
-        out.token_ids += [7] * n_tokens
-        if finish:
-            out.finish_reason, self.finished = finish, True
-        return self
-
-
-class FakeTokenizer:
-    def __init__(self) -> None:
-        self.calls: list[tuple[list[dict[str, str]], dict[str, Any]]] = []
-
-    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
-        self.calls.append((messages, kwargs))
-        return "".join(f"<|{m['role']}|>{m['content']}" for m in messages) + "<|assistant|>"
-
-
-class Fake:
-    """The ``tensorrt_llm`` stand-in and what it recorded."""
-
-    def __init__(self) -> None:
-        self.llm_kwargs: dict[str, Any] | None = None
-        self.tokenizer = FakeTokenizer()
-        self.calls: list[dict[str, Any]] = []
-        self.results: list[FakeResult] = []
-        self.script: list[Any] = [("Hel", 1, None), ("", 1, None), ("lo", 1, None), (" world", 2, "stop")]
-        self.shutdowns = 0
-        fake = self
-
-        class LLM:
-            def __init__(self, **kwargs: Any) -> None:
-                fake.llm_kwargs = kwargs
-                self.tokenizer = fake.tokenizer
-
-            def generate_async(self, prompt: str, sampling_params: Any = None, streaming: bool = False):
-                fake.calls.append({"prompt": prompt, "params": sampling_params, "streaming": streaming})
-                result = FakeResult(fake.script, prompt_token_ids=list(range(11)), cached_tokens=8)
-                fake.results.append(result)
-                return result
-
-            def shutdown(self) -> None:
-                fake.shutdowns += 1
-
-        policy = types.SimpleNamespace(MAX_UTILIZATION="MAX_UTILIZATION", GUARANTEED_NO_EVICT="GUARANTEED_NO_EVICT",
-                                       STATIC_BATCH="STATIC_BATCH")
-        self.llmapi = types.ModuleType("tensorrt_llm.llmapi")
-        for name in ("KvCacheConfig", "SchedulerConfig", "GuidedDecodingParams", "EagleDecodingConfig",
-                     "MTPDecodingConfig"):
-            setattr(self.llmapi, name, type(name, (Recorded,), {}))
-        self.llmapi.CapacitySchedulerPolicy = policy
-        self.llm_args = types.ModuleType("tensorrt_llm.llmapi.llm_args")
-        self.llm_args.Eagle3DecodingConfig = type("Eagle3DecodingConfig", (Recorded,), {})
-        self.llmapi.llm_args = self.llm_args
-        self.package = types.ModuleType("tensorrt_llm")
-        self.package.LLM = LLM
-        self.package.SamplingParams = type("SamplingParams", (Recorded,), {})
-        self.package.llmapi = self.llmapi
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return self.calls[-1]["params"].kwargs
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Fake:
-    fake = Fake()
+@pytest.fixture(params=VERSIONS)
+def fake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Fake:
+    fake = Fake(request.param)
     monkeypatch.setitem(sys.modules, "tensorrt_llm", fake.package)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", fake.llmapi)
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_args", fake.llm_args)
@@ -153,14 +42,26 @@ def _request(**kw: Any) -> GenerationRequest:
     return GenerationRequest(**(defaults | kw))
 
 
+def _long_request(chars: int, **kw: Any) -> GenerationRequest:
+    return _request(messages=(ChatMessage(role="user", content="x" * chars),), **kw)
+
+
 async def _collect(backend: TrtLlmBackend, request: GenerationRequest) -> tuple[list[str], Final]:
     items = [item async for item in backend.generate(request)]
     assert isinstance(items[-1], Final) and all(isinstance(i, Delta) for i in items[:-1])
     return [i.text for i in items[:-1]], items[-1]
 
 
-async def test_llm_built_with_batching_kv_reuse_and_memory_fraction(fake: Fake) -> None:
-    backend = TrtLlmBackend(model="Qwen/Qwen2.5-0.5B-Instruct", slots=32, max_num_tokens=4096,
+async def _started(**kw: Any) -> TrtLlmBackend:
+    backend = TrtLlmBackend(model=kw.pop("model", "m"), **kw)
+    await backend.start()
+    return backend
+
+
+# -- building the engine -------------------------------------------------------------------------
+
+async def test_llm_built_with_chunked_prefill_limits_batching_kv_reuse_and_memory_fraction(fake: Fake) -> None:
+    backend = TrtLlmBackend(model="Qwen/Qwen2.5-0.5B-Instruct", slots=32, max_num_tokens=4096, max_seq_len=16384,
                             free_gpu_memory_fraction=0.7, scheduler_policy="max_utilization",
                             speculative={"kind": "mtp", "num_nextn_predict_layers": 2})
     await backend.start()
@@ -168,89 +69,217 @@ async def test_llm_built_with_batching_kv_reuse_and_memory_fraction(fake: Fake) 
     kw = fake.llm_kwargs
     assert kw is not None
     assert kw["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and kw["max_batch_size"] == 32
-    assert kw["max_num_tokens"] == 4096 and kw["tensor_parallel_size"] == 1
+    assert kw["max_num_tokens"] == 4096 and kw["max_seq_len"] == 16384 and kw["tensor_parallel_size"] == 1
+    assert kw["enable_chunked_prefill"] is True
     assert kw["kv_cache_config"].kwargs == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.7}
-    assert kw["scheduler_config"].kwargs == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
+    assert kw["scheduler_config"].kwargs["capacity_scheduler_policy"].name == "MAX_UTILIZATION"
     assert type(kw["speculative_config"]).__name__ == "MTPDecodingConfig"
     assert kw["speculative_config"].kwargs == {"num_nextn_predict_layers": 2}
     assert kw["guided_decoding_backend"] == "xgrammar"
+    # Iteration statistics only where the result has no cached_tokens (1.0): they cost every step.
+    assert kw.get("enable_iter_perf_stats", False) is (fake.version == "1.0")
     await backend.close()
     assert fake.shutdowns == 1
 
 
-async def test_defaults_leave_engine_defaults_alone_and_eagle3_found_in_llm_args(fake: Fake) -> None:
-    await TrtLlmBackend(model="m", speculative={"kind": "eagle3", "max_draft_len": 3,
-                                                "speculative_model": "draft"}).start()
+async def test_defaults_leave_engine_limits_to_the_engine(fake: Fake) -> None:
+    await _started()
     kw = fake.llm_kwargs
-    assert kw is not None and kw["max_batch_size"] == 64
-    assert "max_num_tokens" not in kw and "scheduler_config" not in kw
-    assert type(kw["speculative_config"]).__name__ == "Eagle3DecodingConfig"
-    with pytest.raises(ValueError):
-        TrtLlmBackend(model="m", speculative={"kind": "medusa-ish"})
-    with pytest.raises(ValueError):
-        TrtLlmBackend(model="m", scheduler_policy="fastest")
+    assert kw is not None and kw["max_batch_size"] == 64 and kw["enable_chunked_prefill"] is True
+    assert "max_num_tokens" not in kw and "max_seq_len" not in kw and "scheduler_config" not in kw
 
+
+@pytest.mark.parametrize("given", ["speculative_model", "speculative_model_dir"])
+async def test_draft_model_goes_under_the_field_the_installed_release_declares(fake: Fake, given: str) -> None:
+    await _started(speculative={"kind": "eagle3", "max_draft_len": 3, given: "/models/draft",
+                                "eagle3_one_model": True})
+    kw = fake.llm_kwargs
+    assert kw is not None
+    config = kw["speculative_config"]
+    assert type(config).__name__ == "EagleDecodingConfig"  # eagle3 falls back to it where no Eagle3 class exists
+    expected = "speculative_model_dir" if fake.version == "1.0" else "speculative_model"
+    assert config.kwargs == {"max_draft_len": 3, expected: "/models/draft", "eagle3_one_model": True}
+
+
+async def test_a_field_the_release_lacks_is_refused_before_the_model_loads(fake: Fake) -> None:
+    field = "max_total_draft_tokens"  # in DecodingBaseConfig from 1.1 only
+    backend = TrtLlmBackend(model="m", speculative={"kind": "ngram", "max_draft_len": 4, field: 4})
+    if fake.version == "1.0":
+        with pytest.raises(BackendError, match=f"NGramDecodingConfig of this TensorRT-LLM has no field {field}"):
+            await backend.start()
+        assert fake.llm_kwargs is None  # refused before LLM(...): no minutes of loading first
+    else:
+        await backend.start()
+        assert fake.llm_kwargs is not None and fake.llm_kwargs["speculative_config"].kwargs[field] == 4
+
+
+def test_lookahead_static_batch_and_unknown_options_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match=r"TensorRT-engine backend.*PyTorch"):
+        TrtLlmBackend(model="m", speculative={"kind": "lookahead", "max_window_size": 4})
+    with pytest.raises(ValueError, match="static batching is not offered by the PyTorch backend"):
+        TrtLlmBackend(model="m", scheduler_policy="static_batch")
+    with pytest.raises(ValueError, match="must be one of"):
+        TrtLlmBackend(model="m", speculative={"kind": "medusa-ish"})
+    with pytest.raises(ValueError, match="must be one of"):
+        TrtLlmBackend(model="m", scheduler_policy="fastest")
+    with pytest.raises(ValueError, match="once"):
+        TrtLlmBackend(model="m", speculative={"kind": "eagle", "speculative_model": "a", "speculative_model_dir": "a"})
+    with pytest.raises(ValueError, match="max_seq_len"):
+        TrtLlmBackend(model="m", max_seq_len=0)
+
+
+async def test_an_unknown_sampling_option_fails_the_request_clearly(fake: Fake) -> None:
+    backend = await _started(sampling_options={"ignore_eos": True, "max_new_tokens": 5})  # not the API's name
+    with pytest.raises(BackendError, match=r"SamplingParams.*max_new_tokens") as refused:
+        await anext(backend.generate(_request()))
+    assert not refused.value.retriable and not refused.value.fatal
+
+
+# -- streaming -----------------------------------------------------------------------------------
 
 async def test_streams_deltas_in_order_and_final_with_counts(fake: Fake) -> None:
-    backend = TrtLlmBackend(model="m")
-    await backend.start()
+    backend = await _started()
     deltas, final = await _collect(backend, _request(temperature=0.3, stop=("\n\n",)))
     assert deltas == ["Hel", "lo", " world"]  # the empty diff is not yielded
     assert final.text == "".join(deltas) == "Hello world"
     assert final.finish_reason == "stop"
-    assert (final.prompt_tokens, final.completion_tokens, final.cached_prompt_tokens) == (11, 5, 8)
+    assert final.prompt_tokens == len(fake.results[-1].prompt_token_ids) > 0
+    assert final.completion_tokens == 5
     assert final.ttft_ms > 0 and final.model == "m"
     assert fake.calls[-1]["streaming"] is True
-    assert fake.params["max_tokens"] == 200  # the request's, never the API's default of 32
-    assert fake.params["temperature"] == 0.3 and fake.params["stop"] == ["\n\n"]
-    assert fake.params["add_special_tokens"] is False
-    assert "guided_decoding" not in fake.params
-    assert fake.results[-1].aborted == 0  # finished requests are not aborted
+    assert fake.params.max_tokens == 200  # the request's, never the API's default of 32
+    assert fake.params.temperature == 0.3 and fake.params.stop == ["\n\n"]
+    assert fake.params.add_special_tokens is False and fake.params.guided_decoding is None
+    assert fake.results[-1].aborts == 0  # finished requests are not aborted
+
+
+async def test_the_engine_gets_the_chat_templates_token_ids_without_a_second_bos(fake: Fake) -> None:
+    backend = await _started()
+    await _collect(backend, _request())
+    sent = fake.calls[-1]["inputs"]
+    text = fake.tokenizer.template_calls[-1][0]
+    assert isinstance(sent, list) and sent == [ord(c) for c in "<|system|>You plan.<|user|>What is 2+2?<|assistant|>"]
+    assert text[0] == {"role": "system", "content": "You plan."}
+
+
+async def test_cached_tokens_reported_from_1_1_and_unknown_not_zero_on_1_0(fake: Fake) -> None:
+    backend = await _started()
+    history = "A long shared system prompt. " * 8
+    first = _request(messages=(ChatMessage(role="system", content=history), ChatMessage(role="user", content="Q1")))
+    second = _request(messages=(ChatMessage(role="system", content=history), ChatMessage(role="user", content="Q2")))
+    _, one = await _collect(backend, first)
+    _, two = await _collect(backend, second)
+    reuse = await backend.kv_reuse()
+    if fake.version == "1.0":
+        assert one.cached_prompt_tokens is None and two.cached_prompt_tokens is None
+        assert reuse is not None and reuse["tokens_per_block"] == TOKENS_PER_BLOCK
+        assert reuse["reused_tokens_estimate"] == reuse["reused_blocks"] * TOKENS_PER_BLOCK > 0
+    else:
+        assert one.cached_prompt_tokens == 0  # measured: nothing to reuse on the first request
+        assert two.cached_prompt_tokens is not None and two.cached_prompt_tokens >= TOKENS_PER_BLOCK
+        assert reuse is None  # per-request figures: no iteration statistics asked for
 
 
 async def test_length_finish_reason_and_guided_json(fake: Fake) -> None:
-    fake.script = [('{"action":', 3, None), (' "final', 2, "length")]
+    fake.engine.script = [('{"action":', 3, None), (' "final', 2, "length")]
     schema = {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]}
-    backend = TrtLlmBackend(model="m")
-    await backend.start()
+    backend = await _started()
     _, final = await _collect(backend, _request(response_schema=schema, max_tokens=5))
     assert final.finish_reason == "length" and final.completion_tokens == 5
-    guided = fake.params["guided_decoding"]
+    guided = fake.params.guided_decoding
     assert type(guided).__name__ == "GuidedDecodingParams"
     assert json.loads(guided.kwargs["json"]) == schema
-    assert fake.params["max_tokens"] == 5
+    assert fake.params.max_tokens == 5
 
 
 async def test_chat_template_applied_with_tool_turns_as_user(fake: Fake) -> None:
-    backend = TrtLlmBackend(model="m")
-    await backend.start()
+    backend = await _started()
     messages = (ChatMessage(role="system", content="S"), ChatMessage(role="user", content="Q"),
                 ChatMessage(role="assistant", content='{"action": "tool"}'),
                 ChatMessage(role="tool", content="4", name="calculator"),
                 ChatMessage(role="tool", content="ok", name="clock"))
     await _collect(backend, _request(messages=messages))
-    sent, kwargs = fake.tokenizer.calls[-1]
+    sent, kwargs = fake.tokenizer.template_calls[-1]
     assert kwargs == {"tokenize": False, "add_generation_prompt": True}
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[-1]["content"] == "[calculator result] 4\n\n[clock result] ok"
-    assert fake.calls[-1]["prompt"].endswith("<|user|>[calculator result] 4\n\n[clock result] ok<|assistant|>")
     assert chat_messages((ChatMessage(role="user", content="a"),)) == [{"role": "user", "content": "a"}]
 
 
+# -- stop strings ----------------------------------------------------------------------------------
+
+async def test_a_stop_string_split_over_steps_never_reaches_the_deltas(fake: Fake) -> None:
+    # The engine streams "lo\n" before it knows "\n\n" is coming; the final text drops the stop string.
+    fake.engine.script = [("Hel", 1, None), ("lo\n", 1, None), ("\nmore", 2, None), (" never", 1, "stop")]
+    backend = await _started()
+    deltas, final = await _collect(backend, _request(stop=("\n\n",)))
+    assert final.text == "Hello" and final.finish_reason == "stop"
+    assert "".join(deltas) == final.text and all("\n" not in d for d in deltas)
+    assert fake.results[-1].outputs[0].stop_reason == "\n\n"
+
+
+async def test_held_back_text_that_is_no_stop_string_after_all_is_released(fake: Fake) -> None:
+    fake.engine.script = [("a\n", 1, None), ("b", 1, None), ("c\n", 1, "length")]
+    backend = await _started()
+    deltas, final = await _collect(backend, _request(stop=("\n\n",)))
+    assert deltas == ["a", "\nb", "c", "\n"]  # "\n" waits a step each time, then goes out
+    assert "".join(deltas) == final.text == "a\nbc\n" and final.finish_reason == "length"
+
+
+def test_held_back_is_the_longest_stop_prefix_at_the_end() -> None:
+    assert held_back("abc", ("</s>",)) == 0
+    assert held_back("abc<", ("</s>",)) == 1
+    assert held_back("abc</", ("</s>", "<|end|>")) == 2
+    assert held_back("ab</s>x", ("</s>",)) == 5  # a whole stop string: from its start on
+    assert held_back("abc", ()) == 0
+
+
+# -- long conversations ----------------------------------------------------------------------------
+
+async def test_a_prompt_longer_than_one_step_runs_with_chunked_prefill(fake: Fake) -> None:
+    backend = await _started(max_num_tokens=256, max_seq_len=MODEL_CONTEXT)
+    _, final = await _collect(backend, _long_request(1000, max_tokens=50))
+    assert final.finish_reason == "stop" and final.prompt_tokens > 256
+
+
+async def test_without_chunked_prefill_a_long_prompt_is_refused_up_front(fake: Fake) -> None:
+    backend = await _started(max_num_tokens=256, enable_chunked_prefill=False)
+    with pytest.raises(BackendError, match=r"prompt tokens > max_num_tokens 256 with chunked prefill off") as refused:
+        await anext(backend.generate(_long_request(1000)))
+    assert not refused.value.retriable and not refused.value.fatal
+    assert fake.calls == []  # the engine never saw it
+
+
+async def test_a_conversation_that_cannot_fit_is_refused_before_the_engine(fake: Fake) -> None:
+    backend = await _started(max_seq_len=1024)
+    with pytest.raises(BackendError, match=r"does not fit: \d+ prompt tokens \+ 200 max_tokens > max_seq_len 1024"):
+        await anext(backend.generate(_long_request(900, max_tokens=200)))
+    assert fake.calls == []
+    _, final = await _collect(backend, _long_request(700, max_tokens=200))  # fits
+    assert final.text == "Hello world"
+
+
+async def test_the_engines_own_limit_applies_when_none_is_configured(fake: Fake) -> None:
+    backend = await _started()
+    with pytest.raises(BackendError, match="default_max_tokens") as refused:  # the engine's error, not retriable
+        await _collect(backend, _long_request(MODEL_CONTEXT + 10))
+    assert not refused.value.retriable and not refused.value.fatal
+
+
+# -- cancelling ------------------------------------------------------------------------------------
+
 async def test_aclose_after_first_delta_aborts(fake: Fake) -> None:
-    fake.script = [("Hel", 1, None), HANG]
-    backend = TrtLlmBackend(model="m")
-    await backend.start()
+    fake.engine.script = [("Hel", 1, None), HANG]
+    backend = await _started()
     stream = backend.generate(_request())
     assert await anext(stream) == Delta("Hel")
     await stream.aclose()
-    assert fake.results[-1].aborted == 1
+    assert fake.results[-1].aborts == 1
 
 
 async def test_task_cancel_after_first_delta_aborts(fake: Fake) -> None:
-    fake.script = [("Hel", 1, None), HANG]
-    backend = TrtLlmBackend(model="m")
-    await backend.start()
+    fake.engine.script = [("Hel", 1, None), HANG]
+    backend = await _started()
     first = asyncio.Event()
 
     async def consume() -> None:
@@ -263,24 +292,74 @@ async def test_task_cancel_after_first_delta_aborts(fake: Fake) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert fake.results[-1].aborted == 1
+    assert fake.results[-1].aborts == 1
 
 
-async def test_engine_errors_become_backend_errors(fake: Fake) -> None:
+async def test_close_ends_running_streams_with_the_engines_cancelled_response(fake: Fake) -> None:
+    fake.engine.script = [("Hel", 1, None), HANG]
+    backend = await _started()
+    stream = backend.generate(_request())
+    assert await anext(stream) == Delta("Hel")
+    rest = asyncio.create_task(anext(stream))
+    await asyncio.sleep(0)
+    await backend.close()
+    final = await asyncio.wait_for(rest, 5)
+    assert isinstance(final, Final) and final.finish_reason == "cancelled" and final.text == "Hel"
+    assert fake.shutdowns == 1
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+async def test_not_started_is_retriable_and_request_errors_fail_only_their_request(fake: Fake) -> None:
     backend = TrtLlmBackend(model="m")
     with pytest.raises(BackendError) as not_started:
         await anext(backend.generate(_request()))
     assert not_started.value.retriable
     await backend.start()
-    fake.script = [("a", 1, None), RuntimeError("Request 3 failed: invalid grammar")]
-    with pytest.raises(BackendError) as mid_stream:
-        await _collect(backend, _request())
-    assert not mid_stream.value.retriable and "invalid grammar" in str(mid_stream.value)
-    assert fake.results[-1].aborted == 1
-    fake.script = [RuntimeError("LLM is shutting down")]
-    with pytest.raises(BackendError) as down:
-        await _collect(backend, _request())
-    assert down.value.retriable
+    # Words that once made an error retriable ("capacity", "busy") occur in errors that fail every time.
+    for message in ("invalid grammar: exceeds capacity", "tokenizer busy with an invalid token"):
+        fake.engine.script = [("a", 1, None), RequestError(message)]
+        with pytest.raises(BackendError) as failed:
+            await _collect(backend, _request())
+        assert not failed.value.retriable and not failed.value.fatal and message in str(failed.value)
+        assert fake.results[-1].aborts == 1
+    fake.engine.script = [("fine", 1, "stop")]
+    deltas, _ = await _collect(backend, _request())  # the engine is fine: the next request runs
+    assert deltas
+
+
+async def test_a_dead_engine_is_fatal_once_and_for_every_later_request(fake: Fake) -> None:
+    fake.engine.script = [("Hel", 1, None), HANG]
+    backend = await _started()
+    stream = backend.generate(_request())
+    await anext(stream)
+    fake.engine.die()
+    with pytest.raises(BackendError, match="CUDA error") as died:
+        await anext(stream)
+    assert died.value.fatal and not died.value.retriable and died.value.dependency is None
+    calls = len(fake.calls)
+    with pytest.raises(BackendError) as later:
+        await anext(backend.generate(_request()))
+    assert later.value.fatal and len(fake.calls) == calls  # refused without touching the engine
+    await backend.close()  # a dead engine still closes
+
+
+async def test_an_engine_that_shut_down_between_requests_is_fatal(fake: Fake) -> None:
+    backend = await _started()
+    fake.engine.shut_down = True  # the executor stopped after an internal error; generate_async says so
+    with pytest.raises(BackendError, match="LLM is shutting down") as down:
+        await anext(backend.generate(_request()))
+    assert down.value.fatal and fake.calls == []
+
+
+def test_shutting_down_during_our_own_close_is_left_for_redelivery() -> None:
+    error = engine_error(RuntimeError("LLM is shutting down"), closing=True)
+    assert error.retriable and not error.fatal
+    assert not engine_error(ValueError("bad request")).retriable
+
+
+def test_version_tuple() -> None:
+    assert version_tuple("1.0.0rc4") == (1, 0) and version_tuple("1.2.1") == (1, 2) and version_tuple("") == (0, 0)
 
 
 async def test_missing_tensorrt_llm_gives_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,12 +18,16 @@ from agentstream.streams.errors import AgentStreamError
 class BackendError(AgentStreamError):
     """The engine failed a request. ``retriable`` when trying again may succeed (overload, 5xx, I/O):
     then the model server is having an outage (``dependency``), which the runtime waits out
-    (streams/outages.py) instead of dead-lettering the request."""
+    (streams/outages.py) instead of dead-lettering the request. ``fatal`` when the engine itself is gone
+    (an in-process engine that shut down after an internal error): no request can succeed in this
+    process any more, so the service stops and the worker exits for its supervisor to restart it,
+    leaving the request to the partition's next owner (services/inference/service.py)."""
 
-    def __init__(self, message: str, *, retriable: bool = False) -> None:
+    def __init__(self, message: str, *, retriable: bool = False, fatal: bool = False) -> None:
         super().__init__(message)
-        self.retriable = retriable
-        self.dependency = "model" if retriable else None
+        self.retriable = retriable and not fatal
+        self.fatal = fatal
+        self.dependency = "model" if self.retriable else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +64,9 @@ class Final:
     finish_reason: str  # "stop" | "length" | "cancelled" | "error"
     prompt_tokens: int
     completion_tokens: int
-    cached_prompt_tokens: int = 0
+    #: Prompt tokens served from the engine's prefix cache; None when the engine does not say (not 0:
+    #: an unmeasured figure must not read as "nothing was reused").
+    cached_prompt_tokens: int | None = 0
     ttft_ms: float = 0.0
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
