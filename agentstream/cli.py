@@ -158,14 +158,15 @@ def submit(
 
 @app.command()
 def approve(run_id: str, step_id: str, reason: str = typer.Option("", help="Recorded with the decision."),
-            by: str = typer.Option("", help="Who decided.")) -> None:
+            by: str = typer.Option("", help="Who decided (with AGENTSTREAM_APPROVALS=recorded: the database "
+                                            "login, whatever this says).")) -> None:
     """Let a tool call that waits for approval run (see `agentstream approvals`)."""
     _decide(run_id, step_id, True, reason, by)
 
 
 @app.command()
 def deny(run_id: str, step_id: str, reason: str = typer.Option("", help="Told to the model."),
-         by: str = typer.Option("", help="Who decided.")) -> None:
+         by: str = typer.Option("", help="Who decided (as for approve).")) -> None:
     """Refuse a tool call that waits for approval; the model is told why."""
     _decide(run_id, step_id, False, reason, by)
 
@@ -174,12 +175,19 @@ def _decide(run_id: str, step_id: str, approved: bool, reason: str, by: str) -> 
     import asyncio
 
     from agentstream.streams.client import AgentClient
+    from agentstream.streams.config import use_database_login
+
+    use_database_login("approver")  # on the local secure stack: its approver login (docs/security.md)
 
     async def go() -> None:
         async with AgentClient() as client:
             await (client.approve if approved else client.deny)(run_id, step_id, reason, by)
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except AgentStreamError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
     console.print(f"{'approved' if approved else 'denied'}: {run_id} {step_id}")
 
 
@@ -230,7 +238,9 @@ def ingest(
 ) -> None:
     """Chunk, embed and store text/markdown files for retrieval (re-ingesting adds only what is new)."""
     from agentstream.services.retrieval.ingest import run_ingest_cli
+    from agentstream.streams.config import use_database_login
 
+    use_database_login("postgres")  # the corpus is written with the schema owner's login (docs/security.md)
     stats = run_ingest_cli(paths, collection, err if as_json else console, chunk_chars=chunk_chars,
                            overlap=overlap)
     if as_json:
@@ -566,7 +576,9 @@ def migrate() -> None:
     import logging
 
     from agentstream.services.worker import prepare
-    from agentstream.streams.config import Settings
+    from agentstream.streams.config import Settings, use_kafka_principal
+
+    use_kafka_principal("admin")  # creates topics; on the local secure stack: the administrator and the owner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_async(prepare(Settings.load()))

@@ -22,6 +22,7 @@ from rich.table import Table
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams import resources
 from agentstream.streams.config import Settings, mask_url
+from agentstream.streams.errors import StackError
 from agentstream.testing import Pipeline
 
 SAMPLE_TASK = "What is 17 * 23?"
@@ -47,6 +48,10 @@ def pick_backend(requested: str | None) -> str:
 async def run_demo(task: str, backend: str, console: Console, timeout: float = 180.0,
                    settings: Settings | None = None) -> bool:
     settings = settings or Settings.load()
+    if settings.kafka_auth.sasl:
+        raise StackError("the demo runs every service and the client in one process, so it needs the plain "
+                         "stack: `agentstream dev down --purge && agentstream demo`. On the secure stack, run "
+                         "each `agentstream worker SERVICE` and `agentstream submit` (docs/security.md)")
     console.print(f"Kafka [bold]{escape(mask_url(settings.kafka_bootstrap))}[/bold] · "
                   f"PostgreSQL [bold]{escape(mask_url(settings.database_url))}[/bold]")
     console.print(f"starting planner, inference ([bold]{backend}[/bold]), retrieval and tools…")

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
+from urllib.parse import urlsplit
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 MAX_TASK_BYTES = task_rules.MAX_TASK_BYTES
 MAX_STEPS_LIMIT = task_rules.MAX_STEPS_LIMIT
 MAX_METADATA = task_rules.MAX_METADATA
+
+
+class NotAnApprover(AgentStreamError):
+    """A decision on a tool call from a login that may not make one (``approvals = recorded``)."""
 
 
 class TaskRejected(AgentStreamError):
@@ -220,6 +225,21 @@ class AgentClient:
         await self._decide(run_id, step_id, False, reason, by)
 
     async def _decide(self, run_id: str, step_id: str, approved: bool, reason: str, by: str) -> None:
+        """With ``approvals = recorded`` the decision is first recorded under this client's own database
+        login (``agentstream_decide``: who decided is the login, ``by`` is ignored; the first decision on a
+        step stands), then announced; the planner acts on the record. With ``open``, announced only."""
+        if self.settings.approvals == "recorded":
+            with _database():
+                try:
+                    row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
+                                                             run_id, step_id, approved, reason)
+                except asyncpg.InsufficientPrivilegeError:
+                    row = None  # not granted the function: not an approver
+            if row is None:
+                login = urlsplit(self.settings.database_url).username or "?"
+                raise NotAnApprover(f"the database login {login!r} may not decide on tool calls: an approver's "
+                                    "login (a member of agentstream_approver) records decisions")
+            approved, reason, by = bool(row["approved"]), str(row["reason"]), str(row["decided_by"])
         event = ApprovalDecided.build(run_id=run_id, step=step_id, service="client", approved=approved,
                                       reason=reason, decided_by=by or "client")
         await (await self.runtime.send(self.topics.tasks, event))

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from agentstream.streams import resources
 from agentstream.streams.errors import ConfigError
 from agentstream.streams.kafka_auth import DEFAULT_MECHANISM, KafkaAuth
-from agentstream.streams.kinds import TRACING_MODES, TracingMode, one_of
+from agentstream.streams.kinds import APPROVAL_MODES, TRACING_MODES, ApprovalMode, TracingMode, one_of
 
 DEFAULT_KAFKA_PORT = 39092
 DEFAULT_POSTGRES_PORT = 35432
@@ -111,6 +112,10 @@ class Settings:
     #: How this process authenticates to Kafka (``load_kafka_auth``): unauthenticated PLAINTEXT unless
     #: configured or the local stack runs with ``--secure``.
     kafka_auth: KafkaAuth = field(default_factory=KafkaAuth)
+    #: Whose word the planner takes for an approval: ``open``, any ApprovalDecided on the tasks topic
+    #: (whoever may write it); ``recorded``, only a decision an approver's own database login recorded
+    #: (``agentstream_decide``, docs/security.md). ``dev up --secure`` records ``recorded``.
+    approvals: ApprovalMode = "open"
 
     def __repr__(self) -> str:
         return masked_repr(self)
@@ -131,6 +136,7 @@ class Settings:
             or recorded.get("kafka")
             or f"127.0.0.1:{DEFAULT_KAFKA_PORT}",
             database_url=env_db
+            or _login_url(recorded)
             or recorded.get("database_url")
             or f"postgresql://postgres@127.0.0.1:{DEFAULT_POSTGRES_PORT}/{DEFAULT_DATABASE}",
             external_kafka=bool(env_kafka),
@@ -150,6 +156,7 @@ class Settings:
             max_run_s=_positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
             telemetry=TelemetrySettings.load(paths),
             kafka_auth=load_kafka_auth(recorded, external=bool(env_kafka)),
+            approvals=_approvals(recorded),
         )
 
 
@@ -355,6 +362,39 @@ def _positive_int(name: str, default: int) -> int:
 #: The principal this process is on the local secure stack (``use_kafka_principal``): a worker is its
 #: service, anything else the client.
 _process_principal = "client"
+#: Its PostgreSQL login there (``use_database_login``); None: the client's own for the client principal,
+#: the schema owner's for the others.
+_database_login: str | None = None
+
+
+def _approvals(recorded: dict[str, Any]) -> ApprovalMode:
+    raw = os.environ.get("AGENTSTREAM_APPROVALS", "").strip().lower() or str(recorded.get("approvals") or "open")
+    mode = one_of(raw, APPROVAL_MODES)
+    if mode is None:
+        raise ConfigError(f"AGENTSTREAM_APPROVALS={raw!r} must be one of {', '.join(APPROVAL_MODES)}")
+    return mode
+
+
+def use_database_login(login: str | None) -> None:
+    """Make this process connect to the local secure stack's PostgreSQL as ``login`` (``agentstream
+    approve`` is the ``approver``; None: as its principal implies). A ``DATABASE_URL`` in the
+    environment still wins."""
+    global _database_login
+    _database_login = login
+
+
+def _login_url(recorded: dict[str, Any]) -> str | None:
+    """On the local secure stack: the recorded (owner's) URL with this process's own login instead,
+    when it has one (the client principal's is ``client``, read-only)."""
+    login = _database_login or ("client" if _process_principal == "client" else None)
+    owner, secrets = recorded.get("database_url"), recorded.get("secrets_dir")
+    if not (login and owner and secrets):
+        return None
+    password = _read_secret(Path(secrets) / f"db-{login}.password", f"the local stack's database login {login}")
+    parts = urlsplit(owner)
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    netloc = f"{login}:{password}@{host}"
+    return str(urlunsplit(parts._replace(netloc=netloc)))
 
 
 def use_kafka_principal(name: str) -> None:
@@ -375,13 +415,13 @@ def load_kafka_auth(recorded: dict[str, Any], *, external: bool = False) -> Kafk
     ``AGENTSTREAM_KAFKA_SASL_MECHANISM`` (SCRAM-SHA-512 by default), ``AGENTSTREAM_KAFKA_USERNAME`` and
     the password from ``AGENTSTREAM_KAFKA_PASSWORD_FILE`` (or ``AGENTSTREAM_KAFKA_PASSWORD``),
     ``AGENTSTREAM_KAFKA_SSL_CAFILE``. Without them, on the local stack started with ``--secure`` (its
-    state file records ``kafka_security`` and ``kafka_secrets_dir``): this process's principal
+    state file records ``kafka_security`` and ``secrets_dir``): this process's principal
     (``use_kafka_principal``) with its password file there."""
     protocol = os.environ.get("AGENTSTREAM_KAFKA_SECURITY_PROTOCOL", "").strip().upper()
     username = os.environ.get("AGENTSTREAM_KAFKA_USERNAME", "").strip() or None
     password_file = os.environ.get("AGENTSTREAM_KAFKA_PASSWORD_FILE", "").strip()
     password = os.environ.get("AGENTSTREAM_KAFKA_PASSWORD") or None
-    secrets = recorded.get("kafka_secrets_dir") if not external else None
+    secrets = recorded.get("secrets_dir") if not external else None
     if not protocol:  # a user name alone means SASL; else the local stack's own, else none
         protocol = "SASL_PLAINTEXT" if username else str((secrets and recorded.get("kafka_security")) or "PLAINTEXT")
     if protocol != "PLAINTEXT" and not username and secrets:

@@ -56,6 +56,9 @@ ActionKind: TypeAlias = Literal["tool", "retrieve", "final_answer"]
 #: Where spans go (``AGENTSTREAM_TRACING``).
 TracingMode: TypeAlias = Literal["off", "file", "otlp"]
 TRACING_MODES: Final[tuple[TracingMode, ...]] = get_args(TracingMode)
+#: Whose word the planner takes for an approval (``Settings.approvals``).
+ApprovalMode: TypeAlias = Literal["open", "recorded"]
+APPROVAL_MODES: Final[tuple[ApprovalMode, ...]] = get_args(ApprovalMode)
 
 
 def one_of(value: object, members: tuple[T, ...]) -> T | None:
@@ -67,6 +70,6 @@ def one_of(value: object, members: tuple[T, ...]) -> T | None:
     return None
 
 
-__all__ = ["ON_TOOL_ERROR", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind", "AlertKind",
+__all__ = ["APPROVAL_MODES", "ON_TOOL_ERROR", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind", "AlertKind", "ApprovalMode",
            "DeadLetterKind", "DecodeErrorKind", "OnToolError", "PendingKind", "Role", "RunOutcome", "RunStatus",
            "Severity", "StepKind", "StepOutcome", "StepStatus", "ToolErrorKind", "TracingMode", "one_of"]

@@ -342,6 +342,13 @@ class TransitionStore:
                RETURNING epoch""", prefix, partition, owner)
         return Lease(prefix, partition, epoch)
 
+    async def recorded_decision(self, run_id: str, step_id: str) -> tuple[bool, str, str] | None:
+        """The decision an approver's login recorded on ``step_id`` (``agentstream_decide``): approved,
+        reason, who; None when nobody did."""
+        row = await self.pool.fetchrow("SELECT approved, reason, decided_by FROM approval_decisions "
+                                       "WHERE run_id = $1 AND step_id = $2", run_id, step_id)
+        return (bool(row["approved"]), str(row["reason"]), str(row["decided_by"])) if row is not None else None
+
     async def lease_is_current(self, lease: Lease) -> bool:
         epoch: int | None = await self.pool.fetchval("SELECT epoch FROM planner_leases WHERE prefix = $1 AND partition = $2",
                                          lease.prefix, lease.partition)

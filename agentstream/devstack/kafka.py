@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentstream.devstack import process
-from agentstream.devstack.secure import KafkaSecrets
+from agentstream.devstack.secure import StackSecrets
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import StackError
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
@@ -86,7 +86,7 @@ class KafkaLauncher:
     #: Replicas of every topic, internal ones included; writes need ``replication - 1`` of them in sync.
     replication: int = 1
     #: SASL/SCRAM and ACLs (``agentstream dev up --secure``): the principals' passwords; None is PLAINTEXT.
-    secrets: KafkaSecrets | None = field(default=None, hash=False)
+    secrets: StackSecrets | None = field(default=None, hash=False)
 
     @property
     def version(self) -> str:
@@ -237,7 +237,7 @@ class KafkaCluster:
     #: The address every node listens on (``KafkaLauncher.host``).
     host: str = "127.0.0.1"
     #: SASL/SCRAM and ACLs on every node (``KafkaLauncher.secrets``).
-    secrets: KafkaSecrets | None = field(default=None, hash=False)
+    secrets: StackSecrets | None = field(default=None, hash=False)
 
     @property
     def nodes(self) -> list[KafkaLauncher]:

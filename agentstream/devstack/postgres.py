@@ -59,6 +59,9 @@ class PostgresLauncher:
     #: bench/regions.py) also gets a trust rule for that address's /24 in pg_hba.conf: a development
     #: server on a private test network, never a public one.
     host: str = "127.0.0.1"
+    #: ``dev up --secure``: the superuser's password, and every TCP connection authenticates
+    #: (scram-sha-256); None: trust on loopback (a development server). Chosen at ``initdb``.
+    password_file: Path | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -70,7 +73,10 @@ class PostgresLauncher:
 
     @property
     def url(self) -> str:
-        return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{self.database}"
+        """The superuser's URL (with its password on a secure server: it goes to the 0600 state file and
+        the environment of the stack's own processes, and is masked wherever it is shown)."""
+        password = f":{self.password_file.read_text().strip()}" if self.password_file else ""
+        return f"postgresql://{SUPERUSER}{password}@{self.host}:{self.port}/{self.database}"
 
     def bin_dir(self) -> Path:
         """The binaries, copied to a world-readable cache when we run them as another account that
@@ -130,9 +136,10 @@ class PostgresLauncher:
         self._prepare_dirs()
         if not (self.data_dir / "PG_VERSION").exists():
             shutil.rmtree(self.data_dir, ignore_errors=True)
-            process.run([str(bin_dir / "initdb"), "-D", str(self.data_dir), "--auth=trust",
+            process.run([str(bin_dir / "initdb"), "-D", str(self.data_dir), *self._auth_arguments(),
                          "-U", SUPERUSER, "-E", "UTF8", "--locale=C", "--no-sync"],
                         run_as=self.run_as, cwd=self.work_dir)
+            (self.work_dir / "pwfile").unlink(missing_ok=True)
             with open(self.data_dir / "postgresql.conf", "a") as conf:
                 conf.write("\ninclude_if_exists = 'agentstream.conf'\n")
         shutil.copyfile(self.infra_dir / "postgres" / "postgresql.conf", self.data_dir / "agentstream.conf")
@@ -150,6 +157,21 @@ class PostgresLauncher:
         self._create_database(bin_dir)
         return postmaster
 
+    def _auth_arguments(self) -> list[str]:
+        """``initdb``'s authentication: trust, or (secure) scram-sha-256 over TCP with the superuser's
+        password from a file the server's account can read for a moment (removed after ``initdb``).
+        Unix-socket connections stay trusted: they need an account on this machine."""
+        if self.password_file is None:
+            return ["--auth=trust"]
+        pwfile = self.work_dir / "pwfile"
+        pwfile.unlink(missing_ok=True)
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self.password_file.read_text().strip() + "\n")
+        if self.run_as is not None:
+            self.run_as.chown(pwfile)
+        return ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
+
     def _trust_network(self) -> None:
         network = ".".join(self.host.split(".")[:3]) + ".0/24"
         hba = self.data_dir / "pg_hba.conf"
@@ -161,18 +183,21 @@ class PostgresLauncher:
     def _create_database(self, bin_dir: Path) -> None:
         psql = [str(bin_dir / "psql"), "-h", self.host, "-p", str(self.port), "-U", SUPERUSER,
                 "-d", "postgres", "-tAq", "-v", "ON_ERROR_STOP=1"]
+        env = None  # a secure server's password by environment, not on psql's command line
+        if self.password_file is not None:
+            env = {**os.environ, "PGPASSWORD": self.password_file.read_text().strip()}
         deadline = time.monotonic() + 15
         while True:
             try:
                 exists = process.run([*psql, "-c",
-                                      f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"])
+                                      f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"], env=env)
                 break
             except StackError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
         if exists.stdout.strip() != "1":
-            process.run([*psql, "-c", f'CREATE DATABASE "{self.database}"'])
+            process.run([*psql, "-c", f'CREATE DATABASE "{self.database}"'], env=env)
 
     @staticmethod
     def stop(ref: process.ProcessRef | None, *, grace: float = 30.0) -> bool:

@@ -38,7 +38,7 @@ from pathlib import Path
 from agentstream.devstack import process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
-from agentstream.devstack.secure import KafkaSecrets
+from agentstream.devstack.secure import StackSecrets, create_database_logins
 from agentstream.streams import migrations
 from agentstream.streams.acls import ADMIN, acl_bindings, apply_acls
 from agentstream.streams.config import (
@@ -91,7 +91,7 @@ class PrivateStack:
                  secure: bool = False) -> None:
         defaults = StackPaths.from_env()
         self.paths = StackPaths(cache_dir=defaults.cache_dir, state_dir=state_dir, infra_dir=defaults.infra_dir)
-        self.secrets = KafkaSecrets.ensure(state_dir / "secrets") if secure else None
+        self.secrets = StackSecrets.ensure(state_dir / "secrets") if secure else None
         self.cluster = KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                                     work_dir=state_dir / "kafka", port=free_kafka_port(brokers), size=brokers,
                                     overrides=broker_overrides or {}, secrets=self.secrets)
@@ -99,7 +99,8 @@ class PrivateStack:
         self.kafka: KafkaLauncher = self.cluster.nodes[0]
         run_as = process.RunAs.for_postgres()
         self.postgres = PostgresLauncher(infra_dir=self.paths.infra_dir, work_dir=default_work_dir(state_dir, run_as),
-                                         port=_free_port(), database=DEFAULT_DATABASE, run_as=run_as)
+                                         port=_free_port(), database=DEFAULT_DATABASE, run_as=run_as,
+                                         password_file=self.secrets.db_path("postgres") if self.secrets else None)
 
     @property
     def bootstrap(self) -> str:
@@ -107,17 +108,27 @@ class PrivateStack:
 
     @property
     def database_url(self) -> str:
+        """The schema owner's (the superuser's)."""
         return self.postgres.url
+
+    def database_url_for(self, login: str | None) -> str:
+        """A secure stack's URL for one of its logins (``client``, ``approver``); None: the owner's."""
+        if not (self.secrets and login):
+            return self.database_url
+        return f"postgresql://{login}:{self.secrets.db_password(login)}@{self.postgres.host}:{self.postgres.port}/" \
+               f"{self.postgres.database}"
 
     def auth(self, principal: str = ADMIN) -> KafkaAuth:
         """How ``principal`` connects (unauthenticated unless the stack is secure)."""
         return self.secrets.auth(principal) if self.secrets else KafkaAuth()
 
     def settings(self, *, topic_prefix: str = "", partitions: int = 4, session_timeout_ms: int = 6000,
-                 principal: str = ADMIN) -> Settings:
+                 principal: str = ADMIN, database_login: str | None = None) -> Settings:
         """Settings for this stack only (nothing from the environment's connection variables); on a
-        secure stack as ``principal``."""
-        return Settings(kafka_bootstrap=self.bootstrap, database_url=self.database_url, external_kafka=True,
+        secure stack as Kafka ``principal`` and PostgreSQL ``database_login`` (None: the owner), taking
+        approvals only as recorded by an approver's login."""
+        return Settings(kafka_bootstrap=self.bootstrap, database_url=self.database_url_for(database_login),
+                        approvals="recorded" if self.secrets else "open", external_kafka=True,
                         external_database=True, paths=self.paths, topic_prefix=topic_prefix, partitions=partitions,
                         replication_factor=min(3, self.cluster.size), session_timeout_ms=session_timeout_ms,
                         kafka_auth=self.auth(principal))
@@ -128,6 +139,8 @@ class PrivateStack:
         env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "DATABASE_URL": self.database_url,
                "AGENTSTREAM_STATE_DIR": str(self.paths.state_dir),
                "AGENTSTREAM_KAFKA_PORT": str(self.kafka.port), "AGENTSTREAM_PG_PORT": str(self.postgres.port)}
+        if self.secrets:
+            env["AGENTSTREAM_APPROVALS"] = "recorded"
         if self.secrets and principal:
             env.update(AGENTSTREAM_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT", AGENTSTREAM_KAFKA_USERNAME=principal,
                        AGENTSTREAM_KAFKA_PASSWORD_FILE=str(self.secrets.path(principal)))
@@ -149,9 +162,11 @@ class PrivateStack:
                      kafka_dir=str(self.kafka.work_dir), kafka_brokers=self.cluster.size, database_url=self.database_url,
                      postgres_port=self.postgres.port, postgres_dir=str(self.postgres.work_dir),
                      kafka_security="SASL_PLAINTEXT" if self.secrets else None,
-                     kafka_secrets_dir=str(self.secrets.directory) if self.secrets else None)
+                     secrets_dir=str(self.secrets.directory) if self.secrets else None)
         await asyncio.gather(self.start_kafka(), self.start_postgres())
         await migrations.migrate(self.database_url)
+        if self.secrets:
+            await create_database_logins(self.database_url, self.secrets)
 
     async def close(self, *, keep_data: bool = False) -> None:
         """Stop both servers; delete their data unless ``keep_data``."""

@@ -1,7 +1,9 @@
-"""The local stack's Kafka credentials (``agentstream dev up --secure``): one password per principal.
+"""The local stack's credentials (``agentstream dev up --secure``): one password per principal and login.
 
-Each principal of ``streams/acls.py`` (and the super user ``admin``) gets a random password in
-``<state dir>/secrets/<name>.password`` (directory 0700, files 0600), made once and kept across restarts.
+Each Kafka principal of ``streams/acls.py`` (and the super user ``admin``) gets a random password in
+``<state dir>/secrets/<name>.password``, each PostgreSQL login (``DATABASE_LOGINS``: the superuser that
+owns the schema, the read-only ``client`` and the ``approver``) one in ``db-<login>.password``
+(directory 0700, files 0600), made once and kept across restarts.
 A process on this machine finds its own there through the state file (``config.load_kafka_auth``); a
 process elsewhere is given the file (``AGENTSTREAM_KAFKA_PASSWORD_FILE``), never the password on a
 command line. The broker learns the clients' SCRAM credentials as salted hashes when its storage is
@@ -22,25 +24,27 @@ from pathlib import Path
 from agentstream.streams.acls import ADMIN, PRINCIPALS
 from agentstream.streams.kafka_auth import KafkaAuth
 
+#: PostgreSQL logins of the secure stack: the superuser (owner of the schema; workers, migrations), the
+#: client's read-only login (member of ``agentstream_reader``) and an approver (``agentstream_approver``).
+DATABASE_LOGINS = {"postgres": None, "client": "agentstream_reader", "approver": "agentstream_approver"}
 SCRAM_ITERATIONS = 8192
 PROTOCOL = "SASL_PLAINTEXT"
 MECHANISM = "SCRAM-SHA-512"
 
 
 @dataclass(frozen=True)
-class KafkaSecrets:
+class StackSecrets:
     """The password files under ``directory``."""
 
     directory: Path
 
     @classmethod
-    def ensure(cls, directory: Path) -> KafkaSecrets:
-        """Create the directory and a password for every principal that has none yet."""
+    def ensure(cls, directory: Path) -> StackSecrets:
+        """Create the directory and a password for every principal and login that has none yet."""
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o700)
         made = cls(directory)
-        for name in (ADMIN, *PRINCIPALS):
-            path = made.path(name)
+        for path in [made.path(n) for n in (ADMIN, *PRINCIPALS)] + [made.db_path(n) for n in DATABASE_LOGINS]:
             if not path.exists():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as out:
@@ -49,6 +53,12 @@ class KafkaSecrets:
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.password"
+
+    def db_path(self, login: str) -> Path:
+        return self.directory / f"db-{login}.password"
+
+    def db_password(self, login: str) -> str:
+        return self.db_path(login).read_text().strip()
 
     def password(self, name: str) -> str:
         return self.path(name).read_text().strip()
@@ -76,3 +86,22 @@ class KafkaSecrets:
     def broker_properties(self, template: Path) -> str:
         """The secure block of ``server.properties`` (``infra/kafka/server-secure.properties.in``)."""
         return string.Template(template.read_text()).substitute(admin_password=self.password(ADMIN))
+
+
+async def create_database_logins(owner_url: str, secrets: StackSecrets) -> None:
+    """The non-superuser logins of ``DATABASE_LOGINS`` with their passwords and group roles (which the
+    migrations create), made or brought up to date; run as the schema's owner after the migrations."""
+    import asyncpg
+
+    conn = await asyncpg.connect(owner_url)
+    try:
+        for login, role in DATABASE_LOGINS.items():
+            if role is None:
+                continue
+            verb = "ALTER" if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login) else "CREATE"
+            # DDL takes no parameters: the statement is quoted by the server's format() (%I, %L).
+            await conn.execute(await conn.fetchval("SELECT format('%s ROLE %I LOGIN PASSWORD %L', $1::text, $2::text, "
+                                                   "$3::text)", verb, login, secrets.db_password(login)))
+            await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)", role, login))
+    finally:
+        await conn.close()

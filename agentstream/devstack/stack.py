@@ -9,6 +9,7 @@ and never started or stopped by us.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import shutil
 import time
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 from agentstream.devstack import process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
-from agentstream.devstack.secure import KafkaSecrets
+from agentstream.devstack.secure import StackSecrets, create_database_logins
 from agentstream.streams import migrations
 from agentstream.streams.acls import acl_bindings, apply_acls
 from agentstream.streams.config import (
@@ -89,12 +90,12 @@ class DevStack:
         self.paths = paths or StackPaths.from_env()
 
     # -- launchers -------------------------------------------------------------------------------
-    def _kafka(self, port: int, controller_port: int, secrets: KafkaSecrets | None = None) -> KafkaLauncher:
+    def _kafka(self, port: int, controller_port: int, secrets: StackSecrets | None = None) -> KafkaLauncher:
         return KafkaLauncher(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                              work_dir=self.paths.state_dir / "kafka", port=port,
                              controller_port=controller_port, secrets=secrets)
 
-    def _cluster(self, port: int, brokers: int, secrets: KafkaSecrets | None = None) -> KafkaCluster:
+    def _cluster(self, port: int, brokers: int, secrets: StackSecrets | None = None) -> KafkaCluster:
         return KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                             work_dir=self.paths.state_dir / "kafka", port=port, size=brokers, secrets=secrets)
 
@@ -102,11 +103,12 @@ class DevStack:
     def secrets_dir(self) -> Path:
         return self.paths.state_dir / "secrets"
 
-    def _postgres(self, port: int) -> PostgresLauncher:
+    def _postgres(self, port: int, secrets: StackSecrets | None = None) -> PostgresLauncher:
         run_as = process.RunAs.for_postgres()
         return PostgresLauncher(infra_dir=self.paths.infra_dir,
                                 work_dir=default_work_dir(self.paths.state_dir, run_as),
-                                port=port, database=DEFAULT_DATABASE, run_as=run_as)
+                                port=port, database=DEFAULT_DATABASE, run_as=run_as,
+                                password_file=secrets.db_path("postgres") if secrets else None)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -177,12 +179,12 @@ class DevStack:
             if brokers != recorded_brokers and state.get("kafka_dir") and Path(state["kafka_dir"]).exists():
                 raise StackError(f"the stack's Kafka data is a {recorded_brokers}-broker cluster's; run "
                                  f"`agentstream dev down --purge` before starting {brokers}")
-            was_secure = bool(state.get("kafka_secrets_dir"))
+            was_secure = bool(state.get("secrets_dir"))
             secure = was_secure if secure is None else secure
-            if secure != was_secure and state.get("kafka_dir") and Path(state["kafka_dir"]).exists():
-                raise StackError(f"the stack's Kafka runs {'with' if was_secure else 'without'} authentication; run "
+            if secure != was_secure and any(state.get(k) and Path(state[k]).exists() for k in ("kafka_dir", "postgres_dir")):
+                raise StackError(f"the stack runs {'with' if was_secure else 'without'} authentication; run "
                                  f"`agentstream dev down --purge` before starting it {'with' if secure else 'without'}")
-            secrets = KafkaSecrets.ensure(self.secrets_dir) if secure else None
+            secrets = StackSecrets.ensure(self.secrets_dir) if secure else None
             for name, running, asked, recorded in (
                 ("Kafka", before.kafka_running, kafka_port, state.get("kafka_port")),
                 ("PostgreSQL", before.postgres_running, pg_port, state.get("postgres_port")),
@@ -192,7 +194,7 @@ class DevStack:
                                      "run `agentstream dev down` before choosing another port")
             kafka = self._kafka(kafka_port, kafka_port + 1, secrets)
             cluster = self._cluster(kafka_port, brokers, secrets)
-            postgres = self._postgres(pg_port)
+            postgres = self._postgres(pg_port, secrets)
             to_start: dict[str, Callable[[], Any]] = {}
             if not settings.external_kafka and not before.kafka_running:
                 if brokers == 1:
@@ -214,19 +216,22 @@ class DevStack:
                 state.update(kafka=kafka.bootstrap if brokers == 1 else cluster.bootstrap, kafka_port=kafka.port,
                              kafka_controller_port=kafka.controller_port, kafka_dir=str(kafka.work_dir),
                              kafka_brokers=brokers, kafka_security="SASL_PLAINTEXT" if secrets else "PLAINTEXT",
-                             kafka_secrets_dir=str(secrets.directory) if secrets else None)
+                             secrets_dir=str(secrets.directory) if secrets else None)
                 state.update(node_state(state, nodes))
             if "postgres" in refs:
-                state.update(database_url=postgres.url, postgres_port=postgres.port,
+                state.update(approvals="recorded" if secrets else "open",
+                             database_url=postgres.url, postgres_port=postgres.port,
                              postgres_dir=str(postgres.work_dir), postgres_pid=refs["postgres"].pid,
                              postgres_started=refs["postgres"].started)
             if refs:
                 state["started_at"] = time.time()
                 self._write_state(state)
             settings = Settings.load(self.paths)
-            admin = KafkaSecrets(Path(state["kafka_secrets_dir"])).admin \
-                if state.get("kafka_secrets_dir") and not settings.external_kafka else settings.kafka_auth
-            asyncio.run(_prepare(settings, admin))
+            stack_secrets = StackSecrets(Path(state["secrets_dir"])) if state.get("secrets_dir") else None
+            admin = stack_secrets.admin if stack_secrets and not settings.external_kafka else settings.kafka_auth
+            if not settings.external_database and state.get("database_url"):  # the owner's, not this process's
+                settings = dataclasses.replace(settings, database_url=state["database_url"])
+            asyncio.run(_prepare(settings, admin, None if settings.external_database else stack_secrets))
             return self.status()
 
     @staticmethod
@@ -272,11 +277,12 @@ class DevStack:
         return stopped
 
 
-async def _prepare(settings: Settings, admin: KafkaAuth) -> None:
+async def _prepare(settings: Settings, admin: KafkaAuth, secrets: StackSecrets | None) -> None:
     """Migrations, the catalogue's topics (and on a secure stack their ACLs) and a group coordinator,
     concurrently: the first waits on PostgreSQL, the others on Kafka (a fresh broker takes a second or two
     to create ``__consumer_offsets``). Kafka's part runs as ``admin``: on a secure stack only the super
-    user may create topics and ACLs."""
+    user may create topics and ACLs. On a secure stack, the database's client and approver logins follow
+    the migrations (which create their roles)."""
     topics = Topics.of(settings)
 
     async def kafka() -> None:
@@ -284,7 +290,12 @@ async def _prepare(settings: Settings, admin: KafkaAuth) -> None:
         if admin.sasl:
             await apply_acls(settings.kafka_bootstrap, admin, acl_bindings(topics))
 
-    await asyncio.gather(migrations.migrate(settings.database_url), kafka(),
+    async def database() -> None:
+        await migrations.migrate(settings.database_url)
+        if secrets is not None:
+            await create_database_logins(settings.database_url, secrets)
+
+    await asyncio.gather(database(), kafka(),
                          wait_for_group_coordinator(settings.kafka_bootstrap, auth=admin))
 
 

@@ -40,6 +40,7 @@ from agentstream.services.planner import machine
 from agentstream.services.planner.cache import RunCache
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams import task_rules, tracing
+from agentstream.streams.dlq import Rejected, publish_dead_letter
 from agentstream.streams.errors import Deferred
 from agentstream.streams.events import (
     ApprovalDecided,
@@ -221,11 +222,34 @@ class Planner:
         await self._transition(state, new, ctx, request)  # None: unknown, or already over
 
     async def _on_decision(self, decision: ApprovalDecided, ctx: Context) -> None:
+        if self.runtime.settings.approvals == "recorded":
+            # Only an approver's own database login decides (docs/security.md): the event says that a
+            # decision was recorded, the record says which and by whom. Anyone who may write the tasks
+            # topic can publish the event; without a record it changes nothing.
+            recorded = await self.store.recorded_decision(decision.run_id, decision.step_id)
+            if recorded is None:
+                await self._refuse(decision, ctx, f"no decision on {decision.step_id} was recorded by an approver "
+                                                  "(AGENTSTREAM_APPROVALS=recorded: agentstream approve, as an "
+                                                  "approver's database login)")
+                return
+            approved, reason, decided_by = recorded
+            decision = replace(decision, approved=approved, reason=reason, decided_by=decided_by)
         state = await self._load(decision.run_id)
         new = machine.decide(state, decision, datetime.now(UTC)) if state is not None else None
         if state is not None and new is None:
             log.info("planner: decision on %s ignored (not awaiting approval for that step)", decision.step_id)
         await self._transition(state, new, ctx, decision)
+
+    async def _refuse(self, event: ApprovalDecided, ctx: Context, reason: str) -> None:
+        """Dead-letter ``event`` as refused, under its run: nothing about the run changes."""
+        log.warning("planner: refused a decision on %s (from %s): %s", event.step_id, event.producer.instance, reason)
+        ctx.forget()  # a refused copy must not make a later, recorded decision with its id a duplicate
+        record = ctx.record
+        await publish_dead_letter(self.runtime, Rejected(
+            run_id=event.run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}", service="planner",
+            parent_step_id=event.step_id, consumer="planner", source_topic=record.topic,
+            source_partition=record.partition, source_offset=record.offset, key=record.key,
+            value=self.runtime.codec.encode(event), headers=record.headers, error_kind="refused", reason=reason))
 
     async def _transition(self, old: RunState | None, new: RunState | None, ctx: Context, consumed: Event) -> None:
         """Record and publish ``new``; or, when the event changes nothing, republish ``old``'s outputs if

@@ -6,32 +6,39 @@ authenticating as its own service with its password given by file: an unauthenti
 wrong password are refused; the client principal cannot publish a tool request (nor read one), and no
 principal can write or read more than its ACLs say; a run still completes end to end; a forged tool call
 published with a worker's own principal is still refused by the tool service; and no password shows in
-any log or CLI output.
+any log or CLI output. On the database side (PostgreSQL with password authentication): the client's login
+reads runs but writes nothing and cannot approve; a decision published to Kafka without a record is
+refused by the planner; an approver's login decides, and the run records that login as who approved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from agentstream.devstack.private import PrivateStack
+from agentstream.devstack.secure import DATABASE_LOGINS
 from agentstream.streams.acls import PRINCIPALS, Operation, Resource, acl_bindings
-from agentstream.streams.client import AgentClient
+from agentstream.streams.client import AgentClient, NotAnApprover
 from agentstream.streams.codec import codec_for
-from agentstream.streams.events import DeadLetter, ToolCallRequested, new_run_id
+from agentstream.streams.events import ApprovalDecided, DeadLetter, ToolCallRequested, new_run_id
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.tool_catalog import ToolCatalog
 from agentstream.streams.topics import Topics
-from agentstream.testing import end_offsets, read_events
+from agentstream.testing import end_offsets, read_events, wait_awaiting_approval
+from tests.integration.pipeline_tools import EFFECTS_TABLE
 from tests.integration.processes import ROOT, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -128,68 +135,153 @@ async def test_every_principal_writes_exactly_the_topics_its_acls_name(stack):
             assert await _can_write(stack, principal, topic) == (topic in allowed), (principal, topic)
 
 
-def _passwords(stack: PrivateStack) -> list[str]:
-    assert stack.secrets is not None
-    return [stack.secrets.password(p) for p in ("admin", *PRINCIPALS)]
-
-
-async def test_a_run_completes_with_each_service_as_its_own_principal(stack, tmp_path):
-    settings = stack.settings(topic_prefix=PREFIX, principal="client")
-    logs = []
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def workers(stack, tmp_path_factory) -> AsyncIterator[list[Path]]:
+    """Two planners, inference, tools (with the test tools) and retrieval, each as its own principal, as
+    separate processes; yields their logs."""
+    async with asyncpg_connection(stack.database_url) as conn:
+        await conn.execute(EFFECTS_TABLE)
+    settings = stack.settings(topic_prefix=PREFIX)
+    logs: list[Path] = []
     procs = []
+    directory = tmp_path_factory.mktemp("workers")
     for service in ("planner", "planner", "inference", "tools", "retrieval"):
-        log = tmp_path / f"{service}-{len(procs)}.log"
+        log = directory / f"{service}-{len(procs)}.log"
         logs.append(log)
-        procs.append(start_worker(settings, service, log, **stack.env(service)))
+        args = ["--tools", "agentstream.services.tools.builtin", "--tools", "tests.integration.pipeline_tools"] \
+            if service == "tools" else []
+        procs.append(start_worker(settings, service, log, *args, **stack.env(service)))
     try:
-        async with AgentClient(settings) as client:
-            catalog = ToolCatalog.for_runtime(client.runtime, ttl_s=0.0)
-            try:  # the tool worker has registered its tools (a task's default tools are those registered)
-                await wait_for(lambda: _has(catalog, "calculator"), 90, "the calculator's registration")
-            finally:
-                await catalog.close()
-            run_id = await client.submit("What is 17 * 23? Use the calculator.", prefetch=False)
-            result = await client.wait(run_id, timeout=120)
-            assert result.ok and "391" in (result.answer or ""), result
-
-            # A worker's principal may publish tool requests (the planner's does); the tool service still
-            # checks each against its run: a call for a run that does not exist runs nothing.
-            forged = ToolCallRequested.build(run_id=(ghost := new_run_id()), step=f"{ghost}:1:tool",
-                                             service="attacker", tool="calculator",
-                                             arguments=json.dumps({"expression": "1+1"}))
-            topics = Topics.of(settings)
-            producer = _producer(stack, stack.auth("planner"))
-            await producer.start()
-            try:
-                meta = await producer.send_and_wait(topics.tool_requests, codec_for(settings).encode(forged),
-                                                    key=ghost.encode(), partition=topics.partition_for(ghost))
-            finally:
-                await producer.stop()
-            letter = await _dead_letter(stack, topics, (meta.partition, meta.offset))
-            assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
+        client = AgentClient(stack.settings(topic_prefix=PREFIX, principal="client", database_login="client"))
+        await client.start()
+        catalog = ToolCatalog.for_runtime(client.runtime, ttl_s=0.0)
+        try:  # the tool worker has registered its tools (a task's default tools are those registered)
+            await wait_for(lambda: _has(catalog, "transfer"), 90, "the test tools' registration")
+        finally:
+            await catalog.close()
+            await client.close()
+        yield logs
     finally:
         for proc in procs:
             stop(proc)
-    cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agentstream.cli", "dev", "status", "--json"], cwd=ROOT,
-                         env={**os.environ, **stack.env("client")}, capture_output=True, text=True, timeout=60)
-    text = "\n".join(log.read_text() for log in logs) + cli.stdout + cli.stderr
+
+
+async def test_a_run_completes_with_each_service_as_its_own_principal(stack, workers):
+    settings = stack.settings(topic_prefix=PREFIX, principal="client", database_login="client")
+    async with AgentClient(settings) as client:
+        run_id = await client.submit("What is 17 * 23? Use the calculator.", tools=["calculator"], prefetch=False)
+        result = await client.wait(run_id, timeout=120)
+        assert result.ok and "391" in (result.answer or ""), result
+        details = await client.status(run_id)  # read with the client's own, read-only login
+        assert details is not None and details["status"] == "completed"
+
+    # A worker's principal may publish tool requests (the planner's does); the tool service still checks
+    # each against its run: a call for a run that does not exist runs nothing.
+    forged = ToolCallRequested.build(run_id=(ghost := new_run_id()), step=f"{ghost}:1:tool",
+                                     service="attacker", tool="calculator",
+                                     arguments=json.dumps({"expression": "1+1"}))
+    topics = Topics.of(settings)
+    meta = await _send(stack, "planner", topics.tool_requests, codec_for(settings).encode(forged), ghost,
+                       topics.partition_for(ghost))
+    letter = await _dead_letter(stack, topics, topics.tool_requests, meta)
+    assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
+
+
+async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_says(stack, workers):
+    reader = AgentClient(stack.settings(topic_prefix=PREFIX, principal="client", database_login="client"))
+    approver = AgentClient(stack.settings(topic_prefix=PREFIX, principal="client", database_login="approver"))
+    async with reader, approver:
+        run_id = await reader.submit('[[tool:transfer {"amount": 5}]] [[answer:sent]]', tools=["transfer"],
+                                     prefetch=False)
+        step = (await wait_awaiting_approval(reader, run_id, 30))["step_id"]
+        pool = await reader.pool()
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await pool.execute("UPDATE runs SET status = 'completed' WHERE run_id = $1", run_id)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await pool.execute("INSERT INTO approval_decisions (run_id, step_id, approved, decided_by) "
+                               "VALUES ($1, $2, true, 'boss')", run_id, step)
+        with pytest.raises(NotAnApprover):
+            await reader.approve(run_id, step, by="boss")
+
+        # The client principal may write the tasks topic, so it can publish a decision; without a record
+        # the planner refuses it and the run still waits.
+        topics = Topics.of(reader.settings)
+        forged = ApprovalDecided.build(run_id=run_id, step=step, service="client", approved=True, reason="",
+                                       decided_by="boss")
+        meta = await _send(stack, "client", topics.tasks, codec_for(reader.settings).encode(forged), run_id,
+                           topics.partition_for(run_id))
+        letter = await _dead_letter(stack, topics, topics.tasks, meta)
+        assert (letter.error_kind, letter.consumer) == ("refused", "planner"), letter
+        assert "no decision" in letter.reason
+        assert [w["step_id"] for w in await reader.awaiting_approval() if w["run_id"] == run_id] == [step]
+        assert await _effects(stack, run_id) == []
+
+        await approver.approve(run_id, step, by="boss")  # `by` is not believed: the login is recorded
+        result = await reader.wait(run_id, timeout=60)
+        assert result.ok and result.answer == "sent", result
+        assert await _effects(stack, run_id) == ["transfer 5"]
+        async with asyncpg_connection(stack.database_url) as conn:
+            decided_by = await conn.fetchval("SELECT decided_by FROM approval_decisions WHERE run_id = $1", run_id)
+            in_history = await conn.fetch("SELECT payload->>'decided_by' AS who FROM events WHERE run_id = $1 AND "
+                                          "event_type = 'ApprovalDecided'", run_id)
+        assert decided_by == "approver", decided_by
+        assert [r["who"] for r in in_history] == ["approver"]  # the refused forgery is not in the history
+
+
+async def test_no_password_in_logs_or_cli_output(stack, workers):
+    cli = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agentstream.cli", "dev", "status", "--json"],
+                                  cwd=ROOT, env={**os.environ, **stack.env("client")}, capture_output=True, text=True,
+                                  timeout=60)
+    text = "\n".join(log.read_text() for log in workers) + cli.stdout + cli.stderr
     assert "Authenticated as planner" in text  # the logs are the workers' own, on the secure broker
     for password in _passwords(stack):
         assert password not in text
+
+
+async def _send(stack: PrivateStack, principal: str, topic: str, value: bytes, key: str,
+                partition: int) -> tuple[int, int]:
+    producer = _producer(stack, stack.auth(principal))
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topic, value, key=key.encode(), partition=partition)
+    finally:
+        await producer.stop()
+    return meta.partition, meta.offset
+
+
+async def _effects(stack: PrivateStack, run_id: str) -> list[str]:
+    async with asyncpg_connection(stack.database_url) as conn:
+        return [r["label"] for r in await conn.fetch(
+            "SELECT label FROM test_effects WHERE run_id = $1 ORDER BY id", run_id)]
+
+
+@contextlib.asynccontextmanager
+async def asyncpg_connection(url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 async def _has(catalog: ToolCatalog, tool: str) -> bool:
     return tool in await catalog.refresh()
 
 
-async def _dead_letter(stack: PrivateStack, topics: Topics, source: tuple[int, int]) -> DeadLetter:
+async def _dead_letter(stack: PrivateStack, topics: Topics, source_topic: str, source: tuple[int, int]) -> DeadLetter:
     settings = stack.settings(topic_prefix=PREFIX, principal="operator")
     dlq = TopicPartition(topics.dlq, 0)
     for _ in range(100):
         end = (await end_offsets(settings, [dlq]))[dlq]
         for letter in await read_events(settings, dlq, 0, expect=end, timeout=5) if end else []:
-            if (isinstance(letter, DeadLetter) and letter.source_topic == topics.tool_requests
+            if (isinstance(letter, DeadLetter) and letter.source_topic == source_topic
                     and (letter.source_partition, letter.source_offset) == source):
                 return letter
         await asyncio.sleep(0.2)
-    raise AssertionError(f"no dead letter for the tool request at {source}")
+    raise AssertionError(f"no dead letter for the record at {source_topic} {source}")
+
+
+def _passwords(stack: PrivateStack) -> list[str]:
+    assert stack.secrets is not None
+    return [stack.secrets.password(p) for p in ("admin", *PRINCIPALS)] + [
+        stack.secrets.db_password(login) for login in DATABASE_LOGINS]

@@ -10,10 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.devstack.secure import KafkaSecrets
+from agentstream.devstack.secure import StackSecrets
 from agentstream.streams import config
 from agentstream.streams.acls import PRINCIPALS, SERVICES, Operation, Pattern, Resource, acl_bindings
-from agentstream.streams.config import Settings, StackPaths, load_kafka_auth, use_kafka_principal, write_state
+from agentstream.streams.config import (
+    Settings,
+    StackPaths,
+    load_kafka_auth,
+    use_database_login,
+    use_kafka_principal,
+    write_state,
+)
 from agentstream.streams.errors import ConfigError
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.topics import Topics
@@ -30,6 +37,7 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("AGENTSTREAM_STATE_DIR", str(tmp_path / "state"))
     yield
     use_kafka_principal("client")
+    use_database_login(None)
 
 
 def test_plaintext_by_default_adds_no_options():
@@ -72,10 +80,10 @@ def test_missing_or_empty_secrets_are_clear_errors(monkeypatch, tmp_path):
 
 
 def test_the_local_secure_stack_gives_each_process_its_own_principal(tmp_path):
-    secrets = KafkaSecrets.ensure(tmp_path / "secrets")
+    secrets = StackSecrets.ensure(tmp_path / "secrets")
     paths = StackPaths.from_env()
     paths.state_dir.mkdir(parents=True)
-    write_state(paths.state_file, {"kafka_security": "SASL_PLAINTEXT", "kafka_secrets_dir": str(secrets.directory)})
+    write_state(paths.state_file, {"kafka_security": "SASL_PLAINTEXT", "secrets_dir": str(secrets.directory)})
     assert Settings.load().kafka_auth.username == "client"
     use_kafka_principal("tools")
     auth = Settings.load().kafka_auth
@@ -84,24 +92,24 @@ def test_the_local_secure_stack_gives_each_process_its_own_principal(tmp_path):
 
 
 def test_a_user_cluster_named_in_the_environment_ignores_the_local_stack_secrets(monkeypatch, tmp_path):
-    secrets = KafkaSecrets.ensure(tmp_path / "secrets")
+    secrets = StackSecrets.ensure(tmp_path / "secrets")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka.example:9092")
-    assert load_kafka_auth({"kafka_security": "SASL_PLAINTEXT", "kafka_secrets_dir": str(secrets.directory)},
+    assert load_kafka_auth({"kafka_security": "SASL_PLAINTEXT", "secrets_dir": str(secrets.directory)},
                            external=True) == KafkaAuth()
 
 
 def test_secrets_are_private_random_and_kept(tmp_path):
-    first = KafkaSecrets.ensure(tmp_path / "secrets")
+    first = StackSecrets.ensure(tmp_path / "secrets")
     passwords = {name: first.password(name) for name in ("admin", *PRINCIPALS)}
     assert len(set(passwords.values())) == len(passwords)
     assert (tmp_path / "secrets").stat().st_mode & 0o077 == 0
     assert all(first.path(name).stat().st_mode & 0o077 == 0 for name in passwords)
-    again = KafkaSecrets.ensure(tmp_path / "secrets")
+    again = StackSecrets.ensure(tmp_path / "secrets")
     assert {name: again.password(name) for name in passwords} == passwords
 
 
 def test_scram_credentials_for_the_broker_are_salted_hashes_not_passwords(tmp_path):
-    secrets = KafkaSecrets.ensure(tmp_path / "secrets")
+    secrets = StackSecrets.ensure(tmp_path / "secrets")
     args = secrets.scram_arguments()
     text = " ".join(args)
     assert not any(secrets.password(name) in text for name in ("admin", *PRINCIPALS))
@@ -149,3 +157,25 @@ def test_the_security_page_shows_the_acls_the_code_derives():
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     assert acl_markdown(acl_bindings(Topics())) in page
+
+
+def test_on_the_secure_stack_a_client_reads_with_its_own_database_login(monkeypatch, tmp_path):
+    secrets = StackSecrets.ensure(tmp_path / "secrets")
+    paths = StackPaths.from_env()
+    paths.state_dir.mkdir(parents=True)
+    owner = f"postgresql://postgres:{secrets.db_password('postgres')}@127.0.0.1:35432/agentstream"
+    write_state(paths.state_file, {"secrets_dir": str(secrets.directory), "database_url": owner,
+                                   "approvals": "recorded"})
+    settings = Settings.load()
+    assert settings.database_url == (f"postgresql://client:{secrets.db_password('client')}"
+                                     "@127.0.0.1:35432/agentstream")
+    assert settings.approvals == "recorded"
+    assert secrets.db_password("client") not in repr(settings)
+    use_database_login("approver")
+    assert Settings.load().database_url.startswith("postgresql://approver:")
+    use_database_login(None)
+    use_kafka_principal("planner")  # a worker: the schema owner's login
+    assert Settings.load().database_url == owner
+    monkeypatch.setenv("AGENTSTREAM_APPROVALS", "sometimes")
+    with pytest.raises(ConfigError, match="AGENTSTREAM_APPROVALS"):
+        Settings.load()
