@@ -69,7 +69,7 @@ def test_up_twice_then_down_leaves_no_process(tmp_path):
         status = json.loads(_cli(env, "dev", "status", "--json").stdout)
         # Printed URLs are masked (mask_url); the dev stack's has no password, so nothing changes here.
         assert status == {"kafka": state["kafka"], "database_url": mask_url(state["database_url"]), "running": True,
-                          "brokers": [{"node_id": 1, "address": state["kafka"], "running": True,
+                          "secure": False, "brokers": [{"node_id": 1, "address": state["kafka"], "running": True,
                                        "pid": state["kafka_pid"]}]}
 
         second = _cli(env, "dev", "up")
@@ -89,6 +89,34 @@ def test_up_twice_then_down_leaves_no_process(tmp_path):
         assert stopped.returncode == 1 and json.loads(stopped.stdout)["running"] is False
     finally:
         _cli(env, "dev", "down", "--purge")
+
+
+def test_a_secure_stack_starts_checks_and_switches_back_only_after_a_purge(tmp_path):
+    """`dev up --secure`: Kafka and PostgreSQL authenticate, the CLI's commands find their own
+    credentials (dev check as the administrator), nothing prints a password, and the stack cannot be
+    restarted without authentication on its data."""
+    state_dir = tmp_path / "state"
+    env = _env(state_dir, _kafka_free_ports(), free_port())
+    try:
+        up = _cli(env, "dev", "up", "--secure")
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = json.loads((state_dir / "stack.json").read_text())
+        assert (state["kafka_security"], state["approvals"]) == ("SASL_PLAINTEXT", "recorded")
+        secrets = sorted(p.name for p in (state_dir / "secrets").iterdir())
+        assert "planner.password" in secrets and "db-approver.password" in secrets
+        passwords = [(state_dir / "secrets" / name).read_text().strip() for name in secrets]
+        status = _cli(env, "dev", "status", "--json")
+        check = _cli(env, "dev", "check")
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert json.loads(status.stdout)["secure"] is True
+        assert json.loads(status.stdout)["database_url"].startswith("postgresql://client:***@")
+        plain = _cli(env, "dev", "up", "--insecure")
+        assert plain.returncode != 0 and "--purge" in plain.stderr, plain.stdout + plain.stderr
+        for out in (up, status, check, plain):
+            assert not any(password in out.stdout + out.stderr for password in passwords)
+    finally:
+        _cli(env, "dev", "down", "--purge")
+    assert not (state_dir / "secrets").exists()
 
 
 def test_taken_port_is_a_clear_error_and_nothing_is_left_running(tmp_path):
