@@ -362,9 +362,10 @@ def _positive_int(name: str, default: int) -> int:
 #: The principal this process is on the local secure stack (``use_kafka_principal``): a worker is its
 #: service, anything else the client.
 _process_principal = "client"
-#: Its PostgreSQL login there (``use_database_login``); None: the client's own for the client principal,
-#: the schema owner's for the others.
+#: Its PostgreSQL login there (``use_database_login``); None: the principal's own login where it has one
+#: (``_OWN_LOGINS``: each service, ``worker`` and the client), else the schema owner's.
 _database_login: str | None = None
+_OWN_LOGINS = ("client", "planner", "tools", "retrieval", "inference", "worker")
 
 
 def _approvals(recorded: dict[str, Any]) -> ApprovalMode:
@@ -385,8 +386,8 @@ def use_database_login(login: str | None) -> None:
 
 def _login_url(recorded: dict[str, Any]) -> str | None:
     """On the local secure stack: the recorded (owner's) URL with this process's own login instead,
-    when it has one (the client principal's is ``client``, read-only)."""
-    login = _database_login or ("client" if _process_principal == "client" else None)
+    when it has one (a service's has only its tables, the client's is read-only)."""
+    login = _database_login or (_process_principal if _process_principal in _OWN_LOGINS else None)
     owner, secrets = recorded.get("database_url"), recorded.get("secrets_dir")
     if not (login and owner and secrets):
         return None

@@ -53,13 +53,15 @@ async def apply(conn: asyncpg.Connection, migrations: list[Migration] | None = N
     migrations = discover() if migrations is None else migrations
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
-        await conn.execute(
+        if await conn.fetchval("SELECT to_regclass('agentstream_migrations')") is None:
+            # (Only when missing: a service's own login may read the ledger but create nothing.)
+            await conn.execute(
             """CREATE TABLE IF NOT EXISTS agentstream_migrations (
                    version    integer PRIMARY KEY,
                    name       text NOT NULL,
                    checksum   text NOT NULL,
                    applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
+            )
         rows = await conn.fetch("SELECT version, name, checksum FROM agentstream_migrations")
         applied = {r["version"]: r for r in rows}
         done: list[int] = []
@@ -74,6 +76,10 @@ async def apply(conn: asyncpg.Connection, migrations: list[Migration] | None = N
                 continue
             try:
                 await conn.execute(migration.sql)
+            except asyncpg.InsufficientPrivilegeError as exc:
+                raise MigrationError(f"migration {migration.version:04d}_{migration.name} is not applied and this "
+                                     f"login may not apply it ({exc}): run `agentstream migrate` as the schema's "
+                                     "owner first") from exc
             except asyncpg.PostgresError as exc:
                 raise MigrationError(f"migration {migration.version:04d}_{migration.name} failed: {exc}") from exc
             await conn.execute(

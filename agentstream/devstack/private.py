@@ -38,7 +38,7 @@ from pathlib import Path
 from agentstream.devstack import process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
-from agentstream.devstack.secure import StackSecrets, create_database_logins
+from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets, create_database_logins
 from agentstream.streams import migrations
 from agentstream.streams.acls import ADMIN, acl_bindings, apply_acls
 from agentstream.streams.config import (
@@ -134,9 +134,12 @@ class PrivateStack:
                         kafka_auth=self.auth(principal))
 
     def env(self, principal: str | None = None) -> dict[str, str]:
-        """What a child process needs to use this stack (and only this stack); on a secure stack, as
-        ``principal`` (its password by file, as a deployment would give it)."""
-        env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "DATABASE_URL": self.database_url,
+        """What a child process needs to use this stack (and only this stack); on a secure stack, as Kafka
+        ``principal`` (its password by file, as a deployment would give it) and its own database login
+        when it has one (the services, the client; else the owner's)."""
+        own_login = self.secrets is not None and principal is not None and principal in DATABASE_LOGINS
+        env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+               "DATABASE_URL": self.database_url_for(principal if own_login else None),
                "AGENTSTREAM_STATE_DIR": str(self.paths.state_dir),
                "AGENTSTREAM_KAFKA_PORT": str(self.kafka.port), "AGENTSTREAM_PG_PORT": str(self.postgres.port)}
         if self.secrets:

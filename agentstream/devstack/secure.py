@@ -2,7 +2,8 @@
 
 Each Kafka principal of ``streams/acls.py`` (and the super user ``admin``) gets a random password in
 ``<state dir>/secrets/<name>.password``, each PostgreSQL login (``DATABASE_LOGINS``: the superuser that
-owns the schema, the read-only ``client`` and the ``approver``) one in ``db-<login>.password``
+owns the schema, each service's, the read-only ``client`` and the ``approver``) one in
+``db-<login>.password``
 (directory 0700, files 0600), made once and kept across restarts.
 A process on this machine finds its own there through the state file (``config.load_kafka_auth``); a
 process elsewhere is given the file (``AGENTSTREAM_KAFKA_PASSWORD_FILE``), never the password on a
@@ -24,9 +25,13 @@ from pathlib import Path
 from agentstream.streams.acls import ADMIN, PRINCIPALS
 from agentstream.streams.kafka_auth import KafkaAuth
 
-#: PostgreSQL logins of the secure stack: the superuser (owner of the schema; workers, migrations), the
-#: client's read-only login (member of ``agentstream_reader``) and an approver (``agentstream_approver``).
-DATABASE_LOGINS = {"postgres": None, "client": "agentstream_reader", "approver": "agentstream_approver"}
+_SERVICE_ROLES = ("agentstream_planner", "agentstream_tools", "agentstream_retrieval", "agentstream_inference")
+#: PostgreSQL logins of the secure stack and the roles they are members of (migrations 0011 and 0012):
+#: the superuser (owner of the schema: migrations, ingest, replays, dead letters), each service's own
+#: (``worker`` runs all four), the client's read-only one and an approver.
+DATABASE_LOGINS: dict[str, tuple[str, ...]] = {
+    "postgres": (), "client": ("agentstream_reader",), "approver": ("agentstream_approver",),
+    **{role.removeprefix("agentstream_"): (role,) for role in _SERVICE_ROLES}, "worker": _SERVICE_ROLES}
 SCRAM_ITERATIONS = 8192
 PROTOCOL = "SASL_PLAINTEXT"
 MECHANISM = "SCRAM-SHA-512"
@@ -95,13 +100,15 @@ async def create_database_logins(owner_url: str, secrets: StackSecrets) -> None:
 
     conn = await asyncpg.connect(owner_url)
     try:
-        for login, role in DATABASE_LOGINS.items():
-            if role is None:
+        for login, roles in DATABASE_LOGINS.items():
+            if not roles:
                 continue
             verb = "ALTER" if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login) else "CREATE"
             # DDL takes no parameters: the statement is quoted by the server's format() (%I, %L).
             await conn.execute(await conn.fetchval("SELECT format('%s ROLE %I LOGIN PASSWORD %L', $1::text, $2::text, "
                                                    "$3::text)", verb, login, secrets.db_password(login)))
-            await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)", role, login))
+            for role in roles:
+                await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)", role,
+                                                       login))
     finally:
         await conn.close()

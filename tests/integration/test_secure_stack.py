@@ -6,7 +6,8 @@ authenticating as its own service with its password given by file: an unauthenti
 wrong password are refused; the client principal cannot publish a tool request (nor read one), and no
 principal can write or read more than its ACLs say; a run still completes end to end; a forged tool call
 published with a worker's own principal is still refused by the tool service; and no password shows in
-any log or CLI output. On the database side (PostgreSQL with password authentication): the client's login
+any log or CLI output. On the database side (PostgreSQL with password authentication): each service runs
+with its own login, limited to its tables; the client's login
 reads runs but writes nothing and cannot approve; a decision published to Kafka without a record is
 refused by the planner; an approver's login decides, and the run records that login as who approved.
 """
@@ -140,7 +141,9 @@ async def workers(stack, tmp_path_factory) -> AsyncIterator[list[Path]]:
     """Two planners, inference, tools (with the test tools) and retrieval, each as its own principal, as
     separate processes; yields their logs."""
     async with asyncpg_connection(stack.database_url) as conn:
-        await conn.execute(EFFECTS_TABLE)
+        await conn.execute(EFFECTS_TABLE)  # a tool's own table, granted to the tool service's role
+        await conn.execute("GRANT SELECT, INSERT ON test_effects TO agentstream_tools; "
+                           "GRANT USAGE ON SEQUENCE test_effects_id_seq TO agentstream_tools")
     settings = stack.settings(topic_prefix=PREFIX)
     logs: list[Path] = []
     procs = []
@@ -174,6 +177,20 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
         assert result.ok and "391" in (result.answer or ""), result
         details = await client.status(run_id)  # read with the client's own, read-only login
         assert details is not None and details["status"] == "completed"
+
+    # Each service ran with its own database login, and a login has only its service's tables.
+    async with asyncpg_connection(stack.database_url_for("inference")) as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT count(*) FROM runs")
+    async with asyncpg_connection(stack.database_url_for("tools")) as conn:
+        assert await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = $1", run_id)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT count(*) FROM events")  # (documents it reads: sql_query's corpus)
+    async with asyncpg_connection(stack.database_url_for("planner")) as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("DELETE FROM tool_calls")
 
     # A worker's principal may publish tool requests (the planner's does); the tool service still checks
     # each against its run: a call for a run that does not exist runs nothing.

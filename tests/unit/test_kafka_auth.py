@@ -174,7 +174,9 @@ def test_on_the_secure_stack_a_client_reads_with_its_own_database_login(monkeypa
     use_database_login("approver")
     assert Settings.load().database_url.startswith("postgresql://approver:")
     use_database_login(None)
-    use_kafka_principal("planner")  # a worker: the schema owner's login
+    use_kafka_principal("planner")  # a service: its own login, with only its tables
+    assert Settings.load().database_url.startswith("postgresql://planner:")
+    use_kafka_principal("replay")  # a replay runs a pipeline of its own: the schema owner's login
     assert Settings.load().database_url == owner
     monkeypatch.setenv("AGENTSTREAM_APPROVALS", "sometimes")
     with pytest.raises(ConfigError, match="AGENTSTREAM_APPROVALS"):
