@@ -6,7 +6,7 @@ authenticating as its own service with its password given by file: an unauthenti
 wrong password are refused; the client principal cannot publish a tool request (nor read one), and no
 principal can write or read more than its ACLs say; a run still completes end to end; a forged tool call
 published with a worker's own principal is still refused by the tool service; and no password shows in
-any log or CLI output. On the database side (PostgreSQL with password authentication): each service runs
+any log or CLI output; a replay runs as its own principal. On the database side (PostgreSQL with password authentication): each service runs
 with its own login, limited to its tables; the client's login
 reads runs but writes nothing and cannot approve; a decision published to Kafka without a record is
 refused by the planner; an approver's login decides, and the run records that login as who approved.
@@ -31,6 +31,8 @@ from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.devstack.secure import DATABASE_LOGINS
+from agentstream.replay.rerun import rerun
+from agentstream.services.worker import WorkerOptions
 from agentstream.streams.acls import PRINCIPALS, Operation, Resource, acl_bindings
 from agentstream.streams.client import AgentClient, NotAnApprover
 from agentstream.streams.codec import codec_for
@@ -202,6 +204,12 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
                        topics.partition_for(ghost))
     letter = await _dead_letter(stack, topics, topics.tool_requests, meta)
     assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
+
+    # A replay runs as the replay principal: it reads the recorded topics and runs a pipeline of its own
+    # under `replay.<id>.`, topics and groups it may create (and deletes afterwards).
+    replayed = await rerun(stack.settings(topic_prefix=PREFIX, principal="replay"), run_id,
+                           options=WorkerOptions(backend="scripted"), timeout=60)
+    assert replayed.finished and replayed.result.ok and replayed.same_decisions, replayed.diff.to_dict()
 
 
 async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_says(stack, workers):
