@@ -70,7 +70,7 @@ class ToolCatalogUnavailable(AgentStreamError):
     the topic yet. Retriable: it says nothing about the task, only about the broker."""
 
     retriable = True
-    #: Set where the reader is a worker starting (``register``): an outage to wait out, not a failure.
+    #: Kafka's outage (``outages.outage_of``): a worker starting, or a planner handling a task, waits it out.
     dependency: str | None = None
 
 
@@ -169,9 +169,6 @@ async def register(runtime: Runtime, tools: Iterable[ToolInfo], *, worker: str) 
     catalog = ToolCatalog.for_runtime(runtime)
     try:
         stored = {e.name: e for e in await catalog.registrations()}
-    except ToolCatalogUnavailable as exc:
-        exc.dependency = KAFKA  # a worker starting while the broker is away waits it out (outages.wait_out)
-        raise
     finally:
         await catalog.close()
     publish: list[ToolRegistered] = []
@@ -291,8 +288,13 @@ class ToolCatalog:
             except (TimeoutError, KafkaError) as exc:
                 await self._drop_consumer()  # the next refresh starts over from the beginning
                 why = f"no answer within {self.timeout_s:g} s" if isinstance(exc, TimeoutError) else repr(exc)
-                raise ToolCatalogUnavailable(f"cannot read the tool catalogue ({self.topic} on {mask_url(self.bootstrap)}) "
-                                             f"while waiting for {self._waiting_for}: {why}") from exc
+                unavailable = ToolCatalogUnavailable(
+                    f"cannot read the tool catalogue ({self.topic} on {mask_url(self.bootstrap)}) while waiting for "
+                    f"{self._waiting_for}: {why}")
+                # The broker's outage, whoever reads: a planner handling a task waits it out with the task's
+                # partition paused (a bounded retry would dead-letter the task while the broker restarts).
+                unavailable.dependency = KAFKA
+                raise unavailable from exc
             self._read_started, self._loaded_at = started, time.monotonic()
 
     async def _read_to_end(self) -> None:

@@ -18,6 +18,7 @@ from agentstream.services.tools.registry import tool
 from agentstream.streams import resources
 from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.events import ToolRegistered
+from agentstream.streams.outages import KAFKA, outage_of
 from agentstream.streams.registry import LocalRegistry, schema_id
 from agentstream.streams.tool_catalog import (
     ToolCatalog,
@@ -66,9 +67,12 @@ def test_a_registration_without_a_name_is_invalid(codec):
 
 async def test_an_unreachable_broker_is_a_catalogue_error_not_a_connection_error(codec):
     catalog = ToolCatalog(f"127.0.0.1:{free_port()}", "agent.tools", codec, timeout_s=2)
-    with pytest.raises(ToolCatalogUnavailable, match="waiting for the broker"):
+    with pytest.raises(ToolCatalogUnavailable, match="waiting for the broker") as info:
         await catalog.unknown(["calculator"])
     await catalog.close()
+    # An outage of the broker for whoever reads: a planner handling a task waits it out instead of
+    # dead-lettering the task after a few retries (seen in the chaos suite while the broker restarted).
+    assert outage_of(info.value) == KAFKA
 
 
 # -- versions: no downgrade, no silent change -----------------------------------------------------------
