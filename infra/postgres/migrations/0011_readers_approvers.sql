@@ -11,24 +11,37 @@
 -- recorded here, so a decision published to Kafka by anyone else changes nothing.
 --
 -- Roles are cluster-wide while migrations run per database: created only if missing, a concurrent
--- creation tolerated (as in 0005).
-DO $$
-DECLARE
-    role_name text;
+-- creation tolerated (as in 0005), by one function that later migrations use too.
+CREATE OR REPLACE FUNCTION agentstream_ensure_role(role_name text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    FOREACH role_name IN ARRAY ARRAY['agentstream_reader', 'agentstream_approver'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
-            BEGIN
-                EXECUTE format('CREATE ROLE %I NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE INHERIT '
-                               'NOREPLICATION NOBYPASSRLS', role_name);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE INHERIT '
+                           'NOREPLICATION NOBYPASSRLS', role_name);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another database's migration created it meanwhile
+        END;
+    END IF;
 END
 $$;
-GRANT agentstream_reader TO agentstream_approver;
+REVOKE ALL ON FUNCTION agentstream_ensure_role(text) FROM PUBLIC;
+-- Membership likewise (pg_auth_members is shared by the cluster's databases too).
+CREATE OR REPLACE FUNCTION agentstream_ensure_member(role_name text, member_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid
+                   JOIN pg_roles u ON u.oid = m.member WHERE r.rolname = role_name AND u.rolname = member_name) THEN
+        BEGIN
+            EXECUTE format('GRANT %I TO %I', role_name, member_name);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION agentstream_ensure_member(text, text) FROM PUBLIC;
+SELECT agentstream_ensure_role('agentstream_reader'), agentstream_ensure_role('agentstream_approver');
+SELECT agentstream_ensure_member('agentstream_reader', 'agentstream_approver');
 
 CREATE TABLE IF NOT EXISTS approval_decisions (
     run_id      text NOT NULL,

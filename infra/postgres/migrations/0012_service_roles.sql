@@ -15,23 +15,8 @@
 --   inference       nothing more
 -- Tables of one's own tools (a tool writing its own table through ctx.pool) are granted to
 -- agentstream_tools by whoever creates them.
-DO $$
-DECLARE
-    role_name text;
-BEGIN
-    FOREACH role_name IN ARRAY ARRAY['agentstream_planner', 'agentstream_tools', 'agentstream_retrieval',
-                                     'agentstream_inference'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = role_name) THEN
-            BEGIN
-                EXECUTE format('CREATE ROLE %I NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE INHERIT '
-                               'NOREPLICATION NOBYPASSRLS', role_name);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
-END
-$$;
+SELECT agentstream_ensure_role(r) FROM unnest(ARRAY['agentstream_planner', 'agentstream_tools', 'agentstream_retrieval',
+                                                   'agentstream_inference']) AS r;
 
 GRANT USAGE ON SCHEMA public TO agentstream_planner, agentstream_tools, agentstream_retrieval,
     agentstream_inference;
@@ -47,6 +32,6 @@ GRANT SELECT ON approval_decisions TO agentstream_planner;
 
 GRANT SELECT ON runs TO agentstream_tools;
 GRANT SELECT, INSERT, UPDATE ON tool_calls TO agentstream_tools;
-GRANT agentstream_readonly TO agentstream_tools;  -- sql_query's SET LOCAL ROLE
+SELECT agentstream_ensure_member('agentstream_readonly', 'agentstream_tools');  -- sql_query's SET LOCAL ROLE
 
 GRANT SELECT ON documents TO agentstream_retrieval;
