@@ -177,9 +177,12 @@ class _Context:
         args = [str(a) for a in spec.get("args") or []]
         if key in ("inference", "inferenceGpu"):
             for option, field in (("--backend", "backend"), ("--model", "model"), ("--base-url", "baseUrl"),
-                                  ("--slots", "slots")):
+                                  ("--slots", "slots"), ("--max-seq-len", "maxSeqLen"),
+                                  ("--max-num-tokens", "maxNumTokens")):
                 if spec.get(field) not in (None, ""):
                     args += [option, str(spec[field])]
+            if spec.get("chunkedPrefill") is not None:  # trtllm (docs/gpu.md); on unless turned off
+                args.append("--chunked-prefill" if spec["chunkedPrefill"] else "--no-chunked-prefill")
         for module in spec.get("toolModules") or []:
             args += ["--tools", str(module)]
         return args

@@ -92,12 +92,15 @@ def test_every_rendered_command_line_is_one_the_cli_accepts():
     command = typer.main.get_command(app)
     sets = ["services.inferenceGpu.enabled=true", "services.tools.toolModules=[my.tools]",
             "services.inference.backend=openai", "services.inference.model=qwen",
-            "services.inference.baseUrl=http://m:8000/v1", "services.inference.slots=8"]
+            "services.inference.baseUrl=http://m:8000/v1", "services.inference.slots=8",
+            "services.inferenceGpu.maxSeqLen=32768", "services.inferenceGpu.maxNumTokens=8192",
+            "services.inferenceGpu.chunkedPrefill=false"]
     objects = manifests.render(values.load(sets=sets))
     lines = [o["spec"]["template"]["spec"]["containers"][0]["args"] for o in objects
              if o["kind"] in ("Deployment", "Job")]
     assert ["worker", "tools", "--tools", "my.tools"] in lines
-    assert ["worker", "inference", "--backend", "trtllm", "--model", "Qwen/Qwen2.5-7B-Instruct", "--slots", "64"] in lines
+    assert ["worker", "inference", "--backend", "trtllm", "--model", "Qwen/Qwen2.5-7B-Instruct", "--slots", "64",
+            "--max-seq-len", "32768", "--max-num-tokens", "8192", "--no-chunked-prefill"] in lines
     for args in lines:
         ctx = command.make_context("agentstream", list(args), resilient_parsing=True)
         sub = command.get_command(ctx, args[0])
