@@ -37,6 +37,9 @@ def dev_up(
     secure: bool = typer.Option(None, "--secure/--insecure",
                                 help="Kafka with SASL/SCRAM, a principal per service and ACLs (docs/security.md); "
                                      "default: as the stack was started. Switching needs `dev down --purge`."),
+    tenant: list[str] = typer.Option(None, "--tenant", help="With --secure: a tenant (repeatable): its own topic "
+                                                          "prefix NAME., Kafka principal tenant-NAME and database "
+                                                          "logins (docs/security.md, \"Tenants\")."),
 ) -> None:
     """Start Kafka and PostgreSQL (if not running), apply migrations, print where they listen."""
     from agentstream.devstack.stack import DevStack
@@ -44,7 +47,8 @@ def dev_up(
 
     stack = DevStack()
     with console.status("starting Kafka and PostgreSQL…"):
-        status = stack.up(kafka_port=kafka_port, pg_port=pg_port, brokers=brokers, secure=secure)
+        status = stack.up(kafka_port=kafka_port, pg_port=pg_port, brokers=brokers, secure=secure,
+                          tenants=tuple(tenant) if tenant else None)
     console.print(f"[green]stack is up[/green]\n  KAFKA_BOOTSTRAP_SERVERS={escape(mask_url(status.kafka))}\n"
                   f"  DATABASE_URL={escape(mask_url(status.database_url))}")
     if status.secure:

@@ -94,12 +94,15 @@ def _principal(party: str) -> str:
     return _PARTY_PRINCIPAL.get(party, party)
 
 
-def acl_bindings(topics: Topics) -> list[AclBinding]:
-    """What each principal may do on the catalogue's topics and groups under ``topics.prefix``."""
+def acl_bindings(topics: Topics, *, client: str = "client") -> list[AclBinding]:
+    """What each principal may do on the catalogue's topics and groups under ``topics.prefix``. ``client``:
+    the principal with the client's rights there — a tenant's own (``tenant_principal``) on its prefix,
+    so that it reaches its own topics and no other tenant's."""
     out: set[AclBinding] = set()
 
     def allow(who: str, operation: Operation, name: str, resource: Resource = Resource.TOPIC,
               pattern: Pattern = Pattern.LITERAL) -> None:
+        who = client if who == "client" else who
         out.add(AclBinding(who, resource, name, operation, pattern))
         if who in SERVICES:  # `worker all` is every service at once
             out.add(AclBinding("worker", resource, name, operation, pattern))
@@ -134,6 +137,16 @@ def acl_bindings(topics: Topics) -> list[AclBinding]:
         allow("replay", Operation.ALL, REPLAY_PREFIX, resource, Pattern.PREFIXED)
     allow("replay", Operation.READ, f"{topics.prefix}agent.", Resource.TOPIC, Pattern.PREFIXED)  # timelines
     return sorted(out)
+
+
+def tenant_principal(tenant: str) -> str:
+    """A tenant's Kafka principal (and its database login): ``tenant-<name>``."""
+    return f"tenant-{tenant}"
+
+
+def tenant_prefix(tenant: str) -> str:
+    """A tenant's topic prefix: its cell of the pipeline (docs/security.md, "Tenants")."""
+    return f"{tenant}."
 
 
 def acl_markdown(bindings: Iterable[AclBinding]) -> str:

@@ -142,7 +142,7 @@ class Settings:
             external_kafka=bool(env_kafka),
             external_database=bool(env_db),
             paths=paths,
-            topic_prefix=os.environ.get("AGENTSTREAM_TOPIC_PREFIX", ""),
+            topic_prefix=os.environ.get("AGENTSTREAM_TOPIC_PREFIX", "") or (f"{_tenant()}." if _tenant() else ""),
             partitions=_positive_int("AGENTSTREAM_PARTITIONS", 8),
             replication_factor=_positive_int("AGENTSTREAM_REPLICATION_FACTOR",
                                              1 if env_kafka else min(3, int(recorded.get("kafka_brokers") or 1))),
@@ -387,7 +387,9 @@ def use_database_login(login: str | None) -> None:
 def _login_url(recorded: dict[str, Any]) -> str | None:
     """On the local secure stack: the recorded (owner's) URL with this process's own login instead,
     when it has one (a service's has only its tables, the client's is read-only)."""
-    login = _database_login or (_process_principal if _process_principal in _OWN_LOGINS else None)
+    login = _database_login or (_principal() if _process_principal in _OWN_LOGINS else None)
+    if login == "approver" and _tenant():
+        login = f"approver-{_tenant()}"  # a tenant's approver decides on its own tenant's runs only
     owner, secrets = recorded.get("database_url"), recorded.get("secrets_dir")
     if not (login and owner and secrets):
         return None
@@ -396,6 +398,18 @@ def _login_url(recorded: dict[str, Any]) -> str | None:
     host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
     netloc = f"{login}:{password}@{host}"
     return str(urlunsplit(parts._replace(netloc=netloc)))
+
+
+def _tenant() -> str:
+    """``AGENTSTREAM_TENANT``: the tenant this process works for (docs/security.md, "Tenants")."""
+    return os.environ.get("AGENTSTREAM_TENANT", "").strip()
+
+
+def _principal() -> str:
+    """This process's principal on the local secure stack: a tenant's client is the tenant's own."""
+    if _process_principal == "client" and _tenant():
+        return f"tenant-{_tenant()}"
+    return _process_principal
 
 
 def use_kafka_principal(name: str) -> None:
@@ -426,7 +440,7 @@ def load_kafka_auth(recorded: dict[str, Any], *, external: bool = False) -> Kafk
     if not protocol:  # a user name alone means SASL; else the local stack's own, else none
         protocol = "SASL_PLAINTEXT" if username else str((secrets and recorded.get("kafka_security")) or "PLAINTEXT")
     if protocol != "PLAINTEXT" and not username and secrets:
-        username = _process_principal
+        username = _principal()
     if password_file:
         password = _read_secret(Path(password_file).expanduser(), "AGENTSTREAM_KAFKA_PASSWORD_FILE")
     elif password is None and username and secrets:

@@ -88,10 +88,10 @@ class PrivateStack:
     """Kafka and PostgreSQL in ``state_dir`` on free ports (see the module docstring)."""
 
     def __init__(self, state_dir: Path, *, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
-                 secure: bool = False) -> None:
+                 secure: bool = False, tenants: tuple[str, ...] = ()) -> None:
         defaults = StackPaths.from_env()
         self.paths = StackPaths(cache_dir=defaults.cache_dir, state_dir=state_dir, infra_dir=defaults.infra_dir)
-        self.secrets = StackSecrets.ensure(state_dir / "secrets") if secure else None
+        self.secrets = StackSecrets.ensure(state_dir / "secrets", tenants) if secure else None
         self.cluster = KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
                                     work_dir=state_dir / "kafka", port=free_kafka_port(brokers), size=brokers,
                                     overrides=broker_overrides or {}, secrets=self.secrets)
@@ -149,13 +149,14 @@ class PrivateStack:
                        AGENTSTREAM_KAFKA_PASSWORD_FILE=str(self.secrets.path(principal)))
         return env
 
-    async def grant(self, topics: Topics) -> None:
+    async def grant(self, topics: Topics, *, client: str = "client") -> None:
         """Create ``topics`` (the catalogue under their prefix) and, on a secure stack, the ACLs that let
-        each principal use them, as the administrator (what ``agentstream dev up`` does for its own)."""
+        each principal use them — the client's rights going to ``client`` (a tenant's principal on its
+        prefix) — as the administrator (what ``agentstream dev up`` does for its own)."""
         admin = self.auth(ADMIN)
         await ensure_topics(self.bootstrap, topics.specs(), auth=admin)
         if admin.sasl:
-            await apply_acls(self.bootstrap, admin, acl_bindings(topics))
+            await apply_acls(self.bootstrap, admin, acl_bindings(topics, client=client))
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -22,7 +22,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentstream.streams.acls import ADMIN, PRINCIPALS
+from agentstream.streams.acls import ADMIN, PRINCIPALS, tenant_prefix, tenant_principal
 from agentstream.streams.kafka_auth import KafkaAuth
 
 _SERVICE_ROLES = ("agentstream_planner", "agentstream_tools", "agentstream_retrieval", "agentstream_inference")
@@ -39,22 +39,35 @@ MECHANISM = "SCRAM-SHA-512"
 
 @dataclass(frozen=True)
 class StackSecrets:
-    """The password files under ``directory``."""
+    """The password files under ``directory``; ``tenants``: each tenant's Kafka principal and database
+    logins (``tenant-<name>``, and ``approver-<name>`` in PostgreSQL) too."""
 
     directory: Path
+    tenants: tuple[str, ...] = ()
 
     @classmethod
-    def ensure(cls, directory: Path) -> StackSecrets:
+    def ensure(cls, directory: Path, tenants: tuple[str, ...] = ()) -> StackSecrets:
         """Create the directory and a password for every principal and login that has none yet."""
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o700)
-        made = cls(directory)
-        for path in [made.path(n) for n in (ADMIN, *PRINCIPALS)] + [made.db_path(n) for n in DATABASE_LOGINS]:
+        made = cls(directory, tenants)
+        for path in [made.path(n) for n in made.kafka_principals] + [made.db_path(n) for n in made.database_logins]:
             if not path.exists():
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as out:
                     out.write(secrets.token_urlsafe(24) + "\n")
         return made
+
+    @property
+    def kafka_principals(self) -> list[str]:
+        return [ADMIN, *PRINCIPALS, *(tenant_principal(t) for t in self.tenants)]
+
+    @property
+    def database_logins(self) -> dict[str, tuple[str, ...]]:
+        """Each login and its roles (a tenant's also have a row in ``tenant_logins``)."""
+        tenants = {login: roles for t in self.tenants for login, roles in (
+            (tenant_principal(t), ("agentstream_tenant",)), (f"approver-{t}", ("agentstream_tenant_approver",)))}
+        return {**DATABASE_LOGINS, **tenants}
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.password"
@@ -80,7 +93,7 @@ class StackSecrets:
         """``kafka.tools.StorageTool format`` arguments creating every principal's SCRAM credential, as
         salted hashes (RFC 5802: PBKDF2-HMAC over the password with a random salt)."""
         args: list[str] = []
-        for name in (ADMIN, *PRINCIPALS):
+        for name in self.kafka_principals:
             salt = os.urandom(16)
             salted = hashlib.pbkdf2_hmac("sha512", self.password(name).encode(), salt, SCRAM_ITERATIONS)
             args += ["--add-scram", f"{MECHANISM}=[name={name},iterations={SCRAM_ITERATIONS},"
@@ -100,7 +113,7 @@ async def create_database_logins(owner_url: str, secrets: StackSecrets) -> None:
 
     conn = await asyncpg.connect(owner_url)
     try:
-        for login, roles in DATABASE_LOGINS.items():
+        for login, roles in secrets.database_logins.items():
             if not roles:
                 continue
             verb = "ALTER" if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login) else "CREATE"
@@ -110,5 +123,9 @@ async def create_database_logins(owner_url: str, secrets: StackSecrets) -> None:
             for role in roles:
                 await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)", role,
                                                        login))
+        for tenant in secrets.tenants:  # which prefix each tenant login may see (migration 0013)
+            for login in (tenant_principal(tenant), f"approver-{tenant}"):
+                await conn.execute("INSERT INTO tenant_logins (login, topic_prefix) VALUES ($1, $2) ON CONFLICT (login) "
+                                   "DO UPDATE SET topic_prefix = EXCLUDED.topic_prefix", login, tenant_prefix(tenant))
     finally:
         await conn.close()

@@ -26,7 +26,7 @@ from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok,
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import StackSecrets, create_database_logins
 from agentstream.streams import migrations
-from agentstream.streams.acls import acl_bindings, apply_acls
+from agentstream.streams.acls import acl_bindings, apply_acls, tenant_prefix, tenant_principal
 from agentstream.streams.config import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
@@ -154,13 +154,16 @@ class DevStack:
         )
 
     def up(self, *, kafka_port: int | None = None, pg_port: int | None = None,
-           brokers: int | None = None, secure: bool | None = None) -> StackStatus:
+           brokers: int | None = None, secure: bool | None = None,
+           tenants: tuple[str, ...] | None = None) -> StackStatus:
         """Start whatever is not running yet, apply migrations, record the state. Idempotent.
 
         Kafka's controller listens on the port after the broker's (``kafka_port + 1``). ``brokers``:
         1 (the default) or a cluster of that many nodes (``KafkaCluster``: node n on ``kafka_port +
         2(n-1)``); a node of a running cluster that died is started again. ``secure``: SASL/SCRAM with a
         principal per service and the client, and ACLs (docs/security.md); None keeps what the stack has.
+        ``tenants`` (secure only): a cell of topics, a Kafka principal and database logins each (fixed
+        when the broker's storage is formatted: changing them needs a purge).
         """
         env_kafka_port, env_pg_port = dev_ports()
         with self._locked():
@@ -184,7 +187,17 @@ class DevStack:
             if secure != was_secure and any(state.get(k) and Path(state[k]).exists() for k in ("kafka_dir", "postgres_dir")):
                 raise StackError(f"the stack runs {'with' if was_secure else 'without'} authentication; run "
                                  f"`agentstream dev down --purge` before starting it {'with' if secure else 'without'}")
-            secrets = StackSecrets.ensure(self.secrets_dir) if secure else None
+            recorded_tenants = tuple(state.get("tenants") or ())
+            tenants = recorded_tenants if tenants is None else tuple(dict.fromkeys(tenants))
+            if tenants and not secure:
+                raise StackError("tenants need the secure stack (agentstream dev up --secure --tenant NAME)")
+            if tenants != recorded_tenants and state.get("kafka_dir") and Path(state["kafka_dir"]).exists():
+                raise StackError("the stack's tenants are fixed when its broker is formatted; run `agentstream dev "
+                                 "down --purge` before changing them")
+            for tenant in tenants:
+                if not tenant.replace("-", "").isalnum() or not tenant.islower():
+                    raise StackError(f"tenant name {tenant!r}: lower-case letters, digits and '-' only")
+            secrets = StackSecrets.ensure(self.secrets_dir, tenants) if secure else None
             for name, running, asked, recorded in (
                 ("Kafka", before.kafka_running, kafka_port, state.get("kafka_port")),
                 ("PostgreSQL", before.postgres_running, pg_port, state.get("postgres_port")),
@@ -216,7 +229,7 @@ class DevStack:
                 state.update(kafka=kafka.bootstrap if brokers == 1 else cluster.bootstrap, kafka_port=kafka.port,
                              kafka_controller_port=kafka.controller_port, kafka_dir=str(kafka.work_dir),
                              kafka_brokers=brokers, kafka_security="SASL_PLAINTEXT" if secrets else "PLAINTEXT",
-                             secrets_dir=str(secrets.directory) if secrets else None)
+                             secrets_dir=str(secrets.directory) if secrets else None, tenants=list(tenants))
                 state.update(node_state(state, nodes))
             if "postgres" in refs:
                 state.update(approvals="recorded" if secrets else "open",
@@ -227,7 +240,8 @@ class DevStack:
                 state["started_at"] = time.time()
                 self._write_state(state)
             settings = Settings.load(self.paths)
-            stack_secrets = StackSecrets(Path(state["secrets_dir"])) if state.get("secrets_dir") else None
+            stack_secrets = StackSecrets(Path(state["secrets_dir"]), tuple(state.get("tenants") or ())) \
+                if state.get("secrets_dir") else None
             admin = stack_secrets.admin if stack_secrets and not settings.external_kafka else settings.kafka_auth
             if not settings.external_database and state.get("database_url"):  # the owner's, not this process's
                 settings = dataclasses.replace(settings, database_url=state["database_url"])
@@ -289,6 +303,10 @@ async def _prepare(settings: Settings, admin: KafkaAuth, secrets: StackSecrets |
         await ensure_topics(settings.kafka_bootstrap, topics.specs(), auth=admin)
         if admin.sasl:
             await apply_acls(settings.kafka_bootstrap, admin, acl_bindings(topics))
+        for tenant in secrets.tenants if secrets else ():  # each tenant's cell, its own principal's
+            cell = dataclasses.replace(topics, prefix=tenant_prefix(tenant))
+            await ensure_topics(settings.kafka_bootstrap, cell.specs(), auth=admin)
+            await apply_acls(settings.kafka_bootstrap, admin, acl_bindings(cell, client=tenant_principal(tenant)))
 
     async def database() -> None:
         await migrations.migrate(settings.database_url)

@@ -308,6 +308,12 @@ class Planner:
         if raw is None:
             return None
         state = RunState.from_json(raw)
+        if state.topic_prefix != self.runtime.topics.prefix:
+            # Another pipeline's run (a tenant's cell, a replay, a test) in the shared database: not this
+            # planner's to change, whatever an event on its own topics names (docs/security.md, "Tenants").
+            log.warning("planner: %s belongs to the pipeline under %r, not %r; ignored", run_id, state.topic_prefix,
+                        self.runtime.topics.prefix)
+            return None
         self.cache.remember(state)
         return state
 

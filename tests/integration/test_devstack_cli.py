@@ -98,18 +98,24 @@ def test_a_secure_stack_starts_checks_and_switches_back_only_after_a_purge(tmp_p
     state_dir = tmp_path / "state"
     env = _env(state_dir, _kafka_free_ports(), free_port())
     try:
-        up = _cli(env, "dev", "up", "--secure")
+        up = _cli(env, "dev", "up", "--secure", "--tenant", "acme")
         assert up.returncode == 0, up.stdout + up.stderr
         state = json.loads((state_dir / "stack.json").read_text())
-        assert (state["kafka_security"], state["approvals"]) == ("SASL_PLAINTEXT", "recorded")
+        assert (state["kafka_security"], state["approvals"], state["tenants"]) == ("SASL_PLAINTEXT", "recorded",
+                                                                                   ["acme"])
         secrets = sorted(p.name for p in (state_dir / "secrets").iterdir())
-        assert "planner.password" in secrets and "db-approver.password" in secrets
+        assert {"planner.password", "db-approver.password", "tenant-acme.password", "db-tenant-acme.password",
+                "db-approver-acme.password"} <= set(secrets)
         passwords = [(state_dir / "secrets" / name).read_text().strip() for name in secrets]
         status = _cli(env, "dev", "status", "--json")
         check = _cli(env, "dev", "check")
         assert check.returncode == 0, check.stdout + check.stderr
         assert json.loads(status.stdout)["secure"] is True
         assert json.loads(status.stdout)["database_url"].startswith("postgresql://client:***@")
+        tenant_status = _cli({**env, "AGENTSTREAM_TENANT": "acme"}, "dev", "status", "--json")
+        assert json.loads(tenant_status.stdout)["database_url"].startswith("postgresql://tenant-acme:***@")
+        other = _cli(env, "dev", "up", "--tenant", "other")
+        assert other.returncode != 0 and "--purge" in other.stderr, other.stdout + other.stderr
         plain = _cli(env, "dev", "up", "--insecure")
         assert plain.returncode != 0 and "--purge" in plain.stderr, plain.stdout + plain.stderr
         for out in (up, status, check, plain):

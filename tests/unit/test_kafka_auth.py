@@ -181,3 +181,17 @@ def test_on_the_secure_stack_a_client_reads_with_its_own_database_login(monkeypa
     monkeypatch.setenv("AGENTSTREAM_APPROVALS", "sometimes")
     with pytest.raises(ConfigError, match="AGENTSTREAM_APPROVALS"):
         Settings.load()
+
+
+def test_each_tenant_gets_a_principal_a_client_login_and_an_approver_login(tmp_path):
+    from agentstream.streams.acls import tenant_principal
+
+    secrets = StackSecrets.ensure(tmp_path / "s", ("a",))
+    assert tenant_principal("a") in secrets.kafka_principals
+    assert secrets.database_logins["tenant-a"] == ("agentstream_tenant",)
+    assert secrets.database_logins["approver-a"] == ("agentstream_tenant_approver",)
+    assert secrets.password("tenant-a") and secrets.db_password("tenant-a") and secrets.db_password("approver-a")
+    topics = Topics("a.")
+    rights = {(b.principal, b.operation.name, b.name) for b in acl_bindings(topics, client="tenant-a")}
+    assert ("tenant-a", "WRITE", "a.agent.tasks") in rights and ("tenant-a", "READ", "a.agent.outcomes") in rights
+    assert not any(who == "client" for who, _op, _name in rights)
