@@ -15,7 +15,6 @@ refused by the planner; an approver's login decides, and the run records that lo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
@@ -26,8 +25,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.devstack.secure import DATABASE_LOGINS
@@ -41,6 +40,7 @@ from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.tool_catalog import ToolCatalog
 from agentstream.streams.topics import Topics
 from agentstream.testing import end_offsets, read_events, wait_awaiting_approval
+from tests.integration.acl_probes import can_read, can_write, connection, send
 from tests.integration.pipeline_tools import EFFECTS_TABLE
 from tests.integration.processes import ROOT, start_worker, stop, wait_for
 
@@ -59,8 +59,6 @@ async def stack(tmp_path_factory) -> AsyncIterator[PrivateStack]:
         await private.close()
 
 
-def _producer(stack: PrivateStack, auth: KafkaAuth) -> AIOKafkaProducer:
-    return AIOKafkaProducer(**kafka_options(stack.bootstrap, auth), acks="all", request_timeout_ms=5000)
 
 
 async def test_an_unauthenticated_client_and_a_wrong_password_are_refused(stack):
@@ -72,57 +70,24 @@ async def test_an_unauthenticated_client_and_a_wrong_password_are_refused(stack)
         await producer.stop()
 
 
-async def _can_write(stack: PrivateStack, principal: str, topic: str) -> bool:
-    producer = _producer(stack, stack.auth(principal))
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"not an event", key=b"acl-check")
-        return True
-    except TopicAuthorizationFailedError:
-        return False
-    finally:
-        await producer.stop()
 
 
-async def _can_read(stack: PrivateStack, principal: str, topic: str) -> bool:
-    """Whether ``principal`` gets a record the administrator just wrote (an unauthorized fetch returns
-    nothing: aiokafka logs the refusal and keeps trying)."""
-    producer = _producer(stack, stack.auth("admin"))
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"marker", key=b"acl-check", partition=0)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(**kafka_options(stack.bootstrap, stack.auth(principal)), enable_auto_commit=False,
-                                auto_offset_reset="earliest", request_timeout_ms=5000)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, 0)])
-        for _ in range(6):
-            try:
-                if any((await consumer.getmany(timeout_ms=500)).values()):
-                    return True
-            except TopicAuthorizationFailedError:
-                return False
-        return False
-    finally:
-        await consumer.stop()
 
 
 async def test_the_client_cannot_publish_or_read_tool_requests(stack):
     topics = Topics("acl1.", partitions=1)
     await stack.grant(topics)
-    assert not await _can_write(stack, "client", topics.tool_requests)
-    assert not await _can_read(stack, "client", topics.tool_requests)
-    assert not await _can_write(stack, "client", topics.tool_results)
-    assert await _can_write(stack, "client", topics.tasks)
-    assert await _can_read(stack, "client", topics.outcomes)
+    assert not await can_write(stack, "client", topics.tool_requests)
+    assert not await can_read(stack, "client", topics.tool_requests)
+    assert not await can_write(stack, "client", topics.tool_results)
+    assert await can_write(stack, "client", topics.tasks)
+    assert await can_read(stack, "client", topics.outcomes)
     # the tool service: reads tool requests, writes tool results — and cannot ask the model or plan
-    assert await _can_read(stack, "tools", topics.tool_requests)
-    assert await _can_write(stack, "tools", topics.tool_results)
-    assert not await _can_write(stack, "tools", topics.inference_requests)
-    assert not await _can_write(stack, "tools", topics.tasks)
-    assert not await _can_read(stack, "tools", topics.outcomes)
+    assert await can_read(stack, "tools", topics.tool_requests)
+    assert await can_write(stack, "tools", topics.tool_results)
+    assert not await can_write(stack, "tools", topics.inference_requests)
+    assert not await can_write(stack, "tools", topics.tasks)
+    assert not await can_read(stack, "tools", topics.outcomes)
 
 
 async def test_every_principal_writes_exactly_the_topics_its_acls_name(stack):
@@ -135,14 +100,14 @@ async def test_every_principal_writes_exactly_the_topics_its_acls_name(stack):
                    and b.operation in (Operation.WRITE, Operation.ALL)
                    and b.pattern.name == "LITERAL"}
         for topic in names:
-            assert await _can_write(stack, principal, topic) == (topic in allowed), (principal, topic)
+            assert await can_write(stack, principal, topic) == (topic in allowed), (principal, topic)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def workers(stack, tmp_path_factory) -> AsyncIterator[list[Path]]:
     """Two planners, inference, tools (with the test tools) and retrieval, each as its own principal, as
     separate processes; yields their logs."""
-    async with asyncpg_connection(stack.database_url) as conn:
+    async with connection(stack.database_url) as conn:
         await conn.execute(EFFECTS_TABLE)  # a tool's own table, granted to the tool service's role
         await conn.execute("GRANT SELECT, INSERT ON test_effects TO agentstream_tools; "
                            "GRANT USAGE ON SEQUENCE test_effects_id_seq TO agentstream_tools")
@@ -181,16 +146,16 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
         assert details is not None and details["status"] == "completed"
 
     # Each service ran with its own database login, and a login has only its service's tables.
-    async with asyncpg_connection(stack.database_url_for("inference")) as conn:
+    async with connection(stack.database_url_for("inference")) as conn:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.fetchval("SELECT count(*) FROM runs")
-    async with asyncpg_connection(stack.database_url_for("tools")) as conn:
+    async with connection(stack.database_url_for("tools")) as conn:
         assert await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = $1", run_id)
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.fetchval("SELECT count(*) FROM events")  # (documents it reads: sql_query's corpus)
-    async with asyncpg_connection(stack.database_url_for("planner")) as conn:
+    async with connection(stack.database_url_for("planner")) as conn:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("DELETE FROM tool_calls")
 
@@ -200,7 +165,7 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
                                      service="attacker", tool="calculator",
                                      arguments=json.dumps({"expression": "1+1"}))
     topics = Topics.of(settings)
-    meta = await _send(stack, "planner", topics.tool_requests, codec_for(settings).encode(forged), ghost,
+    meta = await send(stack, "planner", topics.tool_requests, codec_for(settings).encode(forged), ghost,
                        topics.partition_for(ghost))
     letter = await _dead_letter(stack, topics, topics.tool_requests, meta)
     assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
@@ -233,7 +198,7 @@ async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_
         topics = Topics.of(reader.settings)
         forged = ApprovalDecided.build(run_id=run_id, step=step, service="client", approved=True, reason="",
                                        decided_by="boss")
-        meta = await _send(stack, "client", topics.tasks, codec_for(reader.settings).encode(forged), run_id,
+        meta = await send(stack, "client", topics.tasks, codec_for(reader.settings).encode(forged), run_id,
                            topics.partition_for(run_id))
         letter = await _dead_letter(stack, topics, topics.tasks, meta)
         assert (letter.error_kind, letter.consumer) == ("refused", "planner"), letter
@@ -245,7 +210,7 @@ async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_
         result = await reader.wait(run_id, timeout=60)
         assert result.ok and result.answer == "sent", result
         assert await _effects(stack, run_id) == ["transfer 5"]
-        async with asyncpg_connection(stack.database_url) as conn:
+        async with connection(stack.database_url) as conn:
             decided_by = await conn.fetchval("SELECT decided_by FROM approval_decisions WHERE run_id = $1", run_id)
             in_history = await conn.fetch("SELECT payload->>'decided_by' AS who FROM events WHERE run_id = $1 AND "
                                           "event_type = 'ApprovalDecided'", run_id)
@@ -263,30 +228,14 @@ async def test_no_password_in_logs_or_cli_output(stack, workers):
         assert password not in text
 
 
-async def _send(stack: PrivateStack, principal: str, topic: str, value: bytes, key: str,
-                partition: int) -> tuple[int, int]:
-    producer = _producer(stack, stack.auth(principal))
-    await producer.start()
-    try:
-        meta = await producer.send_and_wait(topic, value, key=key.encode(), partition=partition)
-    finally:
-        await producer.stop()
-    return meta.partition, meta.offset
 
 
 async def _effects(stack: PrivateStack, run_id: str) -> list[str]:
-    async with asyncpg_connection(stack.database_url) as conn:
+    async with connection(stack.database_url) as conn:
         return [r["label"] for r in await conn.fetch(
             "SELECT label FROM test_effects WHERE run_id = $1 ORDER BY id", run_id)]
 
 
-@contextlib.asynccontextmanager
-async def asyncpg_connection(url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def _has(catalog: ToolCatalog, tool: str) -> bool:

@@ -6,24 +6,20 @@ alone; B's own approver decides and B's run completes once."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.streams.acls import tenant_prefix, tenant_principal
 from agentstream.streams.client import AgentClient, NotAnApprover
 from agentstream.streams.codec import codec_for
 from agentstream.streams.events import RunCancelRequested
-from agentstream.streams.kafka_auth import kafka_options
 from agentstream.streams.tool_catalog import ToolCatalog
 from agentstream.streams.topics import Topics
 from agentstream.testing import wait_awaiting_approval
+from tests.integration.acl_probes import can_read, can_write, connection, send
 from tests.integration.pipeline_tools import EFFECTS_TABLE
 from tests.integration.processes import start_worker, stop, wait_for
 
@@ -41,7 +37,7 @@ async def stack(tmp_path_factory) -> AsyncIterator[PrivateStack]:
     await private.start()
     procs = []
     try:
-        async with _connection(private.database_url) as conn:
+        async with connection(private.database_url) as conn:
             await conn.execute(EFFECTS_TABLE)
             await conn.execute("GRANT SELECT, INSERT ON test_effects TO agentstream_tools; "
                                "GRANT USAGE ON SEQUENCE test_effects_id_seq TO agentstream_tools")
@@ -73,60 +69,20 @@ async def _has(catalog: ToolCatalog, tool: str) -> bool:
     return tool in await catalog.refresh()
 
 
-@contextlib.asynccontextmanager
-async def _connection(url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
-async def _can_write(stack: PrivateStack, tenant: str, topic: str) -> bool:
-    producer = AIOKafkaProducer(**kafka_options(stack.bootstrap, stack.auth(tenant_principal(tenant))), acks="all",
-                                request_timeout_ms=5000)
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"not an event", key=b"tenant-check")
-        return True
-    except TopicAuthorizationFailedError:
-        return False
-    finally:
-        await producer.stop()
 
 
-async def _can_read(stack: PrivateStack, tenant: str, topic: str) -> bool:
-    """Whether the tenant gets a record the administrator just wrote."""
-    producer = AIOKafkaProducer(**kafka_options(stack.bootstrap, stack.auth("admin")), acks="all")
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"marker", key=b"tenant-check", partition=0)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(**kafka_options(stack.bootstrap, stack.auth(tenant_principal(tenant))),
-                                enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=5000)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, 0)])
-        for _ in range(6):
-            try:
-                if any((await consumer.getmany(timeout_ms=500)).values()):
-                    return True
-            except TopicAuthorizationFailedError:
-                return False
-        return False
-    finally:
-        await consumer.stop()
 
 
 async def test_a_tenant_reaches_its_own_topics_only(stack):
     a, b = Topics(tenant_prefix("a")), Topics(tenant_prefix("b"))
-    assert await _can_write(stack, "a", a.tasks)
-    assert await _can_read(stack, "a", a.outcomes)
-    assert not await _can_write(stack, "a", b.tasks)
-    assert not await _can_read(stack, "a", b.outcomes)
-    assert not await _can_read(stack, "a", b.tokens)
-    assert not await _can_write(stack, "a", a.tool_requests)  # nor another party's topics in its own cell
+    assert await can_write(stack, tenant_principal("a"), a.tasks)
+    assert await can_read(stack, tenant_principal("a"), a.outcomes)
+    assert not await can_write(stack, tenant_principal("a"), b.tasks)
+    assert not await can_read(stack, tenant_principal("a"), b.outcomes)
+    assert not await can_read(stack, tenant_principal("a"), b.tokens)
+    assert not await can_write(stack, tenant_principal("a"), a.tool_requests)  # nor another party's topics in its own cell
 
 
 async def test_tenant_a_cannot_read_approve_or_cancel_tenant_b_run(stack):
@@ -140,7 +96,7 @@ async def test_tenant_a_cannot_read_approve_or_cancel_tenant_b_run(stack):
         assert await a.status(run_id) is None
         assert await a.events(run_id) == []
         assert all(w["run_id"] != run_id for w in await a.awaiting_approval())
-        async with _connection(stack.database_url_for(tenant_principal("a"))) as conn:
+        async with connection(stack.database_url_for(tenant_principal("a"))) as conn:
             assert await conn.fetchval("SELECT count(*) FROM steps WHERE run_id = $1", run_id) == 0
 
         # Decisions: A's approver may not decide on B's run.
@@ -152,24 +108,17 @@ async def test_tenant_a_cannot_read_approve_or_cancel_tenant_b_run(stack):
         topics_a = Topics(tenant_prefix("a"), partitions=4)
         cancel = RunCancelRequested.build(run_id=run_id, step=f"{run_id}:cancel", service="client",
                                           reason="from tenant a", requested_by="a")
-        await _send(stack, topics_a.tasks, codec_for(a.settings).encode(cancel), run_id, topics_a.partition_for(run_id))
+        await send(stack, tenant_principal("a"), topics_a.tasks, codec_for(a.settings).encode(cancel), run_id,
+                   topics_a.partition_for(run_id))
         await a.submit("What is 1 + 1?", tools=["calculator"], run_id=run_id, prefetch=False)
 
         await approver_b.approve(run_id, step, by="someone")
         result = await b.wait(run_id, timeout=60)
         assert result.ok and result.answer == "sent", result
-        async with _connection(stack.database_url) as conn:
+        async with connection(stack.database_url) as conn:
             effects = await conn.fetch("SELECT label FROM test_effects WHERE run_id = $1", run_id)
             decided_by = await conn.fetchval("SELECT decided_by FROM approval_decisions WHERE run_id = $1", run_id)
             prefix = await conn.fetchval("SELECT state->>'topic_prefix' FROM runs WHERE run_id = $1", run_id)
         assert [r["label"] for r in effects] == ["transfer 7"]
         assert (decided_by, prefix) == ("approver-b", "b.")
 
-
-async def _send(stack: PrivateStack, topic: str, value: bytes, key: str, partition: int) -> None:
-    producer = AIOKafkaProducer(**kafka_options(stack.bootstrap, stack.auth(tenant_principal("a"))), acks="all")
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, value, key=key.encode(), partition=partition)
-    finally:
-        await producer.stop()

@@ -57,14 +57,26 @@ GRANT USAGE ON SCHEMA public TO agentstream_reader;
 GRANT SELECT ON runs, steps, events, event_payloads, workers, approval_decisions TO agentstream_reader;
 
 -- The first decision on a step wins; later ones return it unchanged (a retried approve is harmless, a
--- second approver cannot overturn the first). Only members of agentstream_approver (and superusers) may
--- decide; anyone else gets no row back.
+-- second approver cannot overturn the first). Members of agentstream_approver (and superusers) decide on any
+-- run; a tenant's approver (agentstream_tenant_approver, 0013) only on its own tenant's runs: tenant_logins
+-- says which topic prefix a tenant's login belongs to. Anyone else gets no row back.
+CREATE TABLE IF NOT EXISTS tenant_logins (
+    login        text PRIMARY KEY,
+    topic_prefix text NOT NULL
+);
+REVOKE ALL ON tenant_logins FROM PUBLIC;
+SELECT agentstream_ensure_role('agentstream_tenant_approver');
+
 CREATE OR REPLACE FUNCTION agentstream_decide(p_run_id text, p_step_id text, p_approved boolean, p_reason text)
 RETURNS TABLE (approved boolean, reason text, decided_by text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 BEGIN
     IF NOT pg_has_role(session_user, 'agentstream_approver', 'MEMBER') THEN
-        RETURN;
+        IF NOT pg_has_role(session_user, 'agentstream_tenant_approver', 'MEMBER') OR NOT EXISTS (
+                SELECT 1 FROM runs r JOIN tenant_logins t ON t.login = session_user
+                WHERE r.run_id = p_run_id AND coalesce(r.state ->> 'topic_prefix', '') = t.topic_prefix) THEN
+            RETURN;
+        END IF;
     END IF;
     INSERT INTO approval_decisions AS d (run_id, step_id, approved, reason, decided_by)
     VALUES (p_run_id, p_step_id, p_approved, coalesce(p_reason, ''), session_user)
@@ -74,4 +86,5 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION agentstream_decide(text, text, boolean, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION agentstream_decide(text, text, boolean, text) TO agentstream_approver;
+GRANT EXECUTE ON FUNCTION agentstream_decide(text, text, boolean, text) TO agentstream_approver,
+    agentstream_tenant_approver;

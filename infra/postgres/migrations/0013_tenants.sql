@@ -1,14 +1,9 @@
 -- Tenants (docs/security.md, "Tenants"): a tenant is a cell of the pipeline under its own topic prefix,
 -- reached on Kafka only by its own principal (prefix ACLs), and in PostgreSQL only through its own logins,
 -- which see its runs and nothing else (row-level security). Which prefix a login belongs to is recorded
--- here by whoever creates the login (`agentstream dev up --secure --tenant NAME`), never said by the client.
-CREATE TABLE IF NOT EXISTS tenant_logins (
-    login        text PRIMARY KEY,
-    topic_prefix text NOT NULL
-);
-REVOKE ALL ON tenant_logins FROM PUBLIC;
-
-SELECT agentstream_ensure_role('agentstream_tenant'), agentstream_ensure_role('agentstream_tenant_approver');
+-- in tenant_logins (0011, which agentstream_decide() reads too) by whoever creates the login (`agentstream
+-- dev up --secure --tenant NAME`), never said by the client.
+SELECT agentstream_ensure_role('agentstream_tenant');
 SELECT agentstream_ensure_member('agentstream_tenant', 'agentstream_tenant_approver');
 GRANT USAGE ON SCHEMA public TO agentstream_tenant;
 GRANT SELECT ON runs, steps, events TO agentstream_tenant;
@@ -44,24 +39,3 @@ CREATE POLICY agentstream_tenant_steps ON steps FOR SELECT TO agentstream_tenant
     USING (EXISTS (SELECT 1 FROM runs r WHERE r.run_id = steps.run_id));       -- runs' policy applies inside
 CREATE POLICY agentstream_tenant_events ON events FOR SELECT TO agentstream_tenant
     USING (EXISTS (SELECT 1 FROM runs r WHERE r.run_id = events.run_id));
-
--- Decisions: an approver decides on any run; a tenant's approver only on its own tenant's runs.
-CREATE OR REPLACE FUNCTION agentstream_decide(p_run_id text, p_step_id text, p_approved boolean, p_reason text)
-RETURNS TABLE (approved boolean, reason text, decided_by text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-BEGIN
-    IF NOT pg_has_role(session_user, 'agentstream_approver', 'MEMBER') THEN
-        IF NOT pg_has_role(session_user, 'agentstream_tenant_approver', 'MEMBER') OR NOT EXISTS (
-                SELECT 1 FROM runs r JOIN tenant_logins t ON t.login = session_user
-                WHERE r.run_id = p_run_id AND coalesce(r.state ->> 'topic_prefix', '') = t.topic_prefix) THEN
-            RETURN;
-        END IF;
-    END IF;
-    INSERT INTO approval_decisions AS d (run_id, step_id, approved, reason, decided_by)
-    VALUES (p_run_id, p_step_id, p_approved, coalesce(p_reason, ''), session_user)
-    ON CONFLICT (run_id, step_id) DO NOTHING;
-    RETURN QUERY SELECT d.approved, d.reason, d.decided_by FROM approval_decisions d
-                 WHERE d.run_id = p_run_id AND d.step_id = p_step_id;
-END
-$$;
-GRANT EXECUTE ON FUNCTION agentstream_decide(text, text, boolean, text) TO agentstream_tenant_approver;
