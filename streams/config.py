@@ -116,6 +116,8 @@ class Settings:
     #: (whoever may write it); ``recorded``, only a decision an approver's own database login recorded
     #: (``agentstream_decide``, docs/security.md). ``dev up --secure`` records ``recorded``.
     approvals: ApprovalMode = "open"
+    #: Limits on this pipeline's runs — a tenant's, for a tenant's cell (docs/security.md, "Tenants").
+    quotas: Quotas = field(default_factory=lambda: Quotas())
 
     def __repr__(self) -> str:
         return masked_repr(self)
@@ -157,6 +159,7 @@ class Settings:
             telemetry=TelemetrySettings.load(paths),
             kafka_auth=load_kafka_auth(recorded, external=bool(env_kafka)),
             approvals=_approvals(recorded),
+            quotas=Quotas.load(),
         )
 
 
@@ -268,6 +271,25 @@ class AlertSettings:
             lag_interval_s=_positive_float("AGENTSTREAM_ALERT_LAG_INTERVAL_S", 15.0),
             max_age_s=_positive_float("AGENTSTREAM_ALERT_MAX_AGE_S", 300.0),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quotas:
+    """What one pipeline (a tenant's cell) may use; None is no limit. Enforced by its planners: a task over
+    a limit fails with ``quota_exceeded`` and the reason. ``runs_in_flight`` is counted in PostgreSQL when a
+    task arrives, so planners taking tasks at the same moment can overshoot it by a few runs."""
+
+    runs_in_flight: int | None = None
+    max_steps: int | None = None
+    tokens_per_run: int | None = None
+
+    @classmethod
+    def load(cls) -> Quotas:
+        """``AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT``, ``AGENTSTREAM_QUOTA_MAX_STEPS``,
+        ``AGENTSTREAM_QUOTA_TOKENS_PER_RUN`` (prompt + completion tokens of one run)."""
+        return cls(runs_in_flight=_optional_positive_int("AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT"),
+                   max_steps=_optional_positive_int("AGENTSTREAM_QUOTA_MAX_STEPS"),
+                   tokens_per_run=_optional_positive_int("AGENTSTREAM_QUOTA_TOKENS_PER_RUN"))
 
 
 @dataclass(frozen=True, kw_only=True)

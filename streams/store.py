@@ -354,6 +354,13 @@ class TransitionStore:
                                          lease.prefix, lease.partition)
         return epoch == lease.epoch
 
+    async def active_count(self, topic_prefix: str = "") -> int:
+        """How many runs of the pipeline on ``topic_prefix`` have not ended (its runs-in-flight quota)."""
+        count: int = await self.pool.fetchval(
+            "SELECT count(*) FROM runs WHERE status NOT IN ('completed', 'failed')"
+            " AND coalesce(state->>'topic_prefix', '') = $1", topic_prefix)
+        return count
+
     async def stalled(self, topic_prefix: str, *, idle_s: float) -> list[str]:
         """The states of the pipeline's runs the sweeper must look at: running runs that have not moved
         for ``idle_s`` seconds (to re-drive), and active runs past their deadline or maximum duration

@@ -168,8 +168,11 @@ class Planner:
         if (clock := stages.clock()) is not None:
             clock.since("planner.task_checks", checking)
         state = machine.start(task, tools, now, self.max_run)
+        over = await self._over_quota(task) if problem is None else None
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
+        elif over is not None:
+            state = machine.fail(state, now, "quota_exceeded", over)
         elif task.deadline is not None and task.deadline <= now:
             state = machine.expire(state, now) or state
         state = replace(state, traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
@@ -199,6 +202,11 @@ class Planner:
             new = machine.prefetched(state, result, datetime.now(UTC))
         elif machine.is_pending_result(state, result):
             new = machine.advance(state, result, datetime.now(UTC))
+            limit = self.runtime.settings.quotas.tokens_per_run
+            if limit is not None and new.status not in TERMINAL and new.prompt_tokens + new.completion_tokens > limit:
+                new = machine.fail(new, datetime.now(UTC), "quota_exceeded",
+                                   f"the run used {new.prompt_tokens + new.completion_tokens} tokens, over the "
+                                   f"quota of {limit} per run")
         await self._transition(state, new, ctx, result)
 
     def _wait_for_request(self, result: Event, ctx: Context) -> None:
@@ -297,6 +305,17 @@ class Planner:
         unknown = await self.tools.unknown(task.tools)
         if unknown:
             return f"unknown tools: {', '.join(unknown)}"
+        return None
+
+    async def _over_quota(self, task: TaskSubmitted) -> str | None:
+        """Why this pipeline's quotas refuse ``task`` (``Settings.quotas``), or None."""
+        quotas = self.runtime.settings.quotas
+        if quotas.max_steps is not None and task.max_steps > quotas.max_steps:
+            return f"max_steps {task.max_steps} is over the quota of {quotas.max_steps}"
+        if quotas.runs_in_flight is not None:
+            active = await self.store.active_count(self.runtime.topics.prefix)
+            if active >= quotas.runs_in_flight:
+                return f"{active} runs are in flight, the quota is {quotas.runs_in_flight}"
         return None
 
     # -- state, history, outputs ---------------------------------------------------------------

@@ -26,6 +26,9 @@ from tests.integration.processes import start_worker, stop, wait_for
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TENANTS = ("a", "b")
 TOOLS = ["--tools", "agentstream.services.tools.builtin", "--tools", "tests.integration.pipeline_tools"]
+#: Tenant A's limits (its cell's planner enforces them); tenant B has none.
+QUOTAS_A = {"AGENTSTREAM_QUOTA_MAX_STEPS": "6", "AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT": "2",
+            "AGENTSTREAM_QUOTA_TOKENS_PER_RUN": "2000"}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -45,7 +48,7 @@ async def stack(tmp_path_factory) -> AsyncIterator[PrivateStack]:
             await private.grant(Topics(tenant_prefix(tenant), partitions=4), client=tenant_principal(tenant))
             settings = private.settings(topic_prefix=tenant_prefix(tenant))
             procs.append(start_worker(settings, "all", directory / f"worker-{tenant}.log", *TOOLS,
-                                      **private.env("worker")))
+                                      **private.env("worker"), **(QUOTAS_A if tenant == "a" else {})))
         for tenant in TENANTS:
             async with _client(private, tenant) as client:
                 catalog = ToolCatalog.for_runtime(client.runtime, ttl_s=0.0)
@@ -110,7 +113,7 @@ async def test_tenant_a_cannot_read_approve_or_cancel_tenant_b_run(stack):
                                           reason="from tenant a", requested_by="a")
         await send(stack, tenant_principal("a"), topics_a.tasks, codec_for(a.settings).encode(cancel), run_id,
                    topics_a.partition_for(run_id))
-        await a.submit("What is 1 + 1?", tools=["calculator"], run_id=run_id, prefetch=False)
+        await a.submit("What is 1 + 1?", tools=["calculator"], run_id=run_id, max_steps=4, prefetch=False)
 
         await approver_b.approve(run_id, step, by="someone")
         result = await b.wait(run_id, timeout=60)
@@ -122,3 +125,26 @@ async def test_tenant_a_cannot_read_approve_or_cancel_tenant_b_run(stack):
         assert [r["label"] for r in effects] == ["transfer 7"]
         assert (decided_by, prefix) == ("approver-b", "b.")
 
+
+async def test_a_tenant_quotas_hold_for_that_tenant_only(stack):
+    async with _client(stack, "a") as a, _client(stack, "b") as b:
+        too_long = await a.submit("What is 2 * 3?", tools=["calculator"], max_steps=8, prefetch=False)
+        result = await a.wait(too_long, timeout=60)
+        assert (result.status, result.error_code) == ("failed", "quota_exceeded") and "max_steps" in result.error
+
+        wordy = await a.submit("Please think about this. " * 600 + "What is 2 * 3?", tools=["calculator"],
+                               max_steps=4, prefetch=False)
+        result = await a.wait(wordy, timeout=60)
+        assert (result.status, result.error_code) == ("failed", "quota_exceeded") and "tokens" in result.error
+
+        waiting = [await a.submit('[[tool:transfer {"amount": 1}]] [[answer:sent]]', tools=["transfer"], max_steps=4,
+                                  prefetch=False) for _ in range(2)]
+        for run_id in waiting:
+            await wait_awaiting_approval(a, run_id, 30)
+        third = await a.submit("What is 2 * 3?", tools=["calculator"], max_steps=4, prefetch=False)
+        result = await a.wait(third, timeout=60)
+        assert (result.status, result.error_code) == ("failed", "quota_exceeded") and "in flight" in result.error
+
+        # Tenant B's cell has no such limits.
+        free = await b.submit("What is 2 * 3?", tools=["calculator"], max_steps=8, prefetch=False)
+        assert (await b.wait(free, timeout=60)).ok

@@ -195,3 +195,15 @@ def test_each_tenant_gets_a_principal_a_client_login_and_an_approver_login(tmp_p
     rights = {(b.principal, b.operation.name, b.name) for b in acl_bindings(topics, client="tenant-a")}
     assert ("tenant-a", "WRITE", "a.agent.tasks") in rights and ("tenant-a", "READ", "a.agent.outcomes") in rights
     assert not any(who == "client" for who, _op, _name in rights)
+
+
+def test_quotas_come_from_the_environment(monkeypatch):
+    from agentstream.streams.config import Quotas
+
+    assert Quotas.load() == Quotas()
+    monkeypatch.setenv("AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT", "5")
+    monkeypatch.setenv("AGENTSTREAM_QUOTA_TOKENS_PER_RUN", "1000")
+    assert Quotas.load() == Quotas(runs_in_flight=5, tokens_per_run=1000)
+    monkeypatch.setenv("AGENTSTREAM_QUOTA_MAX_STEPS", "-3")
+    with pytest.raises(ConfigError, match="AGENTSTREAM_QUOTA_MAX_STEPS"):
+        Quotas.load()
