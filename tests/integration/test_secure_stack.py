@@ -206,6 +206,17 @@ async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_
         assert [w["step_id"] for w in await reader.awaiting_approval() if w["run_id"] == run_id] == [step]
         assert await _effects(stack, run_id) == []
 
+        # A worker's own principal (the planner's may write tool requests) publishing a call for a tool
+        # outside the run's tools, at the run's pending step: the tool service refuses it.
+        sneaked = ToolCallRequested.build(run_id=run_id, step=step, service="attacker", tool="effect",
+                                          arguments=json.dumps({"label": "sneaked"}))
+        meta = await send(stack, "planner", topics.tool_requests, codec_for(reader.settings).encode(sneaked), run_id,
+                          topics.partition_for(run_id))
+        letter = await _dead_letter(stack, topics, topics.tool_requests, meta)
+        assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
+        assert letter.reason.startswith("tool_not_allowed"), letter.reason
+        assert await _effects(stack, run_id) == []
+
         await approver.approve(run_id, step, by="boss")  # `by` is not believed: the login is recorded
         result = await reader.wait(run_id, timeout=60)
         assert result.ok and result.answer == "sent", result
