@@ -47,7 +47,7 @@ from agentstream.streams.outages import KAFKA, backoff, outage_of
 from agentstream.streams.topics import Topics
 
 if TYPE_CHECKING:
-    from agentstream.streams.runtime import Runtime
+    from agentstream.streams.runtime import Context, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,20 @@ def is_outage(exc: BaseException) -> bool:
 def backoff_delay(failures: int) -> float:
     """Seconds to wait after the ``failures``-th failed publish: doubling, capped, jittered."""
     return backoff(failures, base_s=BACKOFF_S, cap_s=MAX_BACKOFF_S)
+
+
+async def refuse(runtime: Runtime, ctx: Context, event: Event, *, service: str, reason: str) -> DeadLetter:
+    """Dead-letter the record ``ctx`` handles as ``refused``: it is not what it claims to be (a forged tool
+    call, a decision nobody recorded). Its event id is not remembered as handled (``Context.forget``):
+    event ids are predictable, and a forgery that borrowed a real event's id must not make the real one,
+    arriving later, a duplicate to drop."""
+    ctx.forget()
+    record = ctx.record
+    return await publish_dead_letter(runtime, Rejected(
+        run_id=event.run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}", service=service,
+        parent_step_id=getattr(event, "step_id", None), consumer=service, source_topic=record.topic,
+        source_partition=record.partition, source_offset=record.offset, key=record.key,
+        value=runtime.codec.encode(event), headers=record.headers, error_kind="refused", reason=reason))
 
 
 async def publish_dead_letter(runtime: Runtime, rejected: Rejected, *,

@@ -40,7 +40,7 @@ from agentstream.services.planner import machine
 from agentstream.services.planner.cache import RunCache
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams import task_rules, tracing
-from agentstream.streams.dlq import Rejected, publish_dead_letter
+from agentstream.streams.dlq import refuse
 from agentstream.streams.errors import Deferred
 from agentstream.streams.events import (
     ApprovalDecided,
@@ -251,13 +251,7 @@ class Planner:
     async def _refuse(self, event: ApprovalDecided, ctx: Context, reason: str) -> None:
         """Dead-letter ``event`` as refused, under its run: nothing about the run changes."""
         log.warning("planner: refused a decision on %s (from %s): %s", event.step_id, event.producer.instance, reason)
-        ctx.forget()  # a refused copy must not make a later, recorded decision with its id a duplicate
-        record = ctx.record
-        await publish_dead_letter(self.runtime, Rejected(
-            run_id=event.run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}", service="planner",
-            parent_step_id=event.step_id, consumer="planner", source_topic=record.topic,
-            source_partition=record.partition, source_offset=record.offset, key=record.key,
-            value=self.runtime.codec.encode(event), headers=record.headers, error_kind="refused", reason=reason))
+        await refuse(self.runtime, ctx, event, service="planner", reason=reason)
 
     async def _transition(self, old: RunState | None, new: RunState | None, ctx: Context, consumed: Event) -> None:
         """Record and publish ``new``; or, when the event changes nothing, republish ``old``'s outputs if

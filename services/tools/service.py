@@ -52,7 +52,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agentstream.services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
 from agentstream.streams import tool_calls
 from agentstream.streams.codec import DecodeError
-from agentstream.streams.dlq import Rejected, publish_dead_letter
+from agentstream.streams.dlq import Rejected, publish_dead_letter, refuse
 from agentstream.streams.events import (
     Event,
     RetrievalCompleted,
@@ -266,14 +266,7 @@ class ToolService:
         if verdict.answers_the_run:
             await self._reply(ctx, event, started, Outcome(0, error=verdict.reason, error_kind=REFUSED))
             return
-        ctx.forget()  # event ids are predictable: a forgery must not make the real request a duplicate
-        record = ctx.record
-        await publish_dead_letter(self.runtime, Rejected(
-            run_id=event.run_id, step=f"dlq:{record.topic}:{record.partition}:{record.offset}", service=SERVICE,
-            parent_step_id=event.step_id, consumer=SERVICE, source_topic=record.topic,
-            source_partition=record.partition, source_offset=record.offset, key=record.key,
-            value=self.runtime.codec.encode(event), headers=record.headers, error_kind=REFUSED,
-            reason=verdict.reason))
+        await refuse(self.runtime, ctx, event, service=SERVICE, reason=verdict.reason)
         if self._metrics is not None:
             self._observe(event.tool, REFUSED, time.perf_counter() - started)
         span = getattr(ctx, "span", None)
