@@ -117,7 +117,8 @@ CHANNELS: tuple[ChannelSpec, ...] = (
     ChannelSpec("tool_results", (ToolCallCompleted,), ("tools", "replay"), ("planner", "alerts"),
                 "Tool results and errors.", routed=True, redrivable=True),
     ChannelSpec("runs", (RunStateSnapshot,), ("planner",), (),
-                "The latest state of every run (compacted), for anyone to read."),
+                "The latest state of every run (compacted), for anyone to read: its final state and a state that waits "
+                "for approval at once; a running run's at most once per AGENTSTREAM_SNAPSHOT_INTERVAL_MS (1 s)."),
     ChannelSpec("outcomes", (RunCompleted, RunFailed), ("planner",), ("client", "inference"),
                 "How each run ended: what clients wait for (the inference service stops generations of runs "
                 "that ended).", claim_checks=False),

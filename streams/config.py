@@ -102,6 +102,11 @@ class Settings:
     #: ``message.max.bytes`` (1 MiB by default): a larger event's body goes to PostgreSQL and the topic
     #: carries a claim check (streams/claims.py); a larger dead letter is truncated, with a digest.
     max_event_bytes: int = 512 * 1024
+    #: A running run's state goes to the compacted ``agent.runs`` topic at most once per this interval
+    #: (its final state at once, always); 0: after every transition. The topic is for reading the
+    #: latest state of runs; a transition's own record is the ``events`` and ``steps`` rows, and every
+    #: snapshot held back was a record to encode, append, replicate and compact (docs/benchmarks.md).
+    snapshot_interval_ms: int = 1000
     #: A run whose pending step shows no progress for this long is re-driven by the planner's sweeper
     #: (its request republished with the same ids).
     step_timeout_s: float = 60.0
@@ -154,6 +159,7 @@ class Settings:
             fetch_max_wait_ms=_positive_int("AGENTSTREAM_FETCH_MAX_WAIT_MS", 100),
             kafka_request_timeout_ms=_positive_int("AGENTSTREAM_KAFKA_REQUEST_TIMEOUT_MS", 10_000),
             max_event_bytes=_positive_int("AGENTSTREAM_MAX_EVENT_BYTES", 512 * 1024),
+            snapshot_interval_ms=_non_negative_int("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", 1000),
             step_timeout_s=_positive_float("AGENTSTREAM_STEP_TIMEOUT_S", 60.0),
             max_run_s=_positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
             telemetry=TelemetrySettings.load(paths),
@@ -378,6 +384,15 @@ def _positive_int(name: str, default: int) -> int:
         return default
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"{name}={raw!r} must be a positive integer")
+    return int(raw)
+
+
+def _non_negative_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ConfigError(f"{name}={raw!r} must be a whole number, 0 or more")
     return int(raw)
 
 

@@ -66,7 +66,7 @@ from agentstream.streams.offsets import OffsetTracker
 from agentstream.streams.outages import Outage, Outages, backoff, outage_of
 from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens
-from agentstream.streams.topics import Topics
+from agentstream.streams.topics import Topics, key_partitioner
 
 if TYPE_CHECKING:  # prometheus-client and OpenTelemetry are the [worker] extra: a client imports neither
     from agentstream.streams.telemetry.metrics import Metrics, ServiceMetrics
@@ -161,6 +161,7 @@ class Runtime:
         self.producer = AIOKafkaProducer(
             **settings.kafka_options(), acks="all", enable_idempotence=True,
             linger_ms=linger_ms, request_timeout_ms=settings.kafka_request_timeout_ms,
+            partitioner=key_partitioner,
         )
         self._started = False
         #: Where events over ``settings.max_event_bytes`` go (a worker sets it; clients have none).

@@ -30,7 +30,7 @@ import asyncpg
 import orjson
 
 from agentstream.streams.errors import Abandoned, AgentStreamError
-from agentstream.streams.events import Event, InferenceRequested
+from agentstream.streams.events import Event, InferenceRequested, uuid5_str
 from agentstream.streams.kinds import RunStatus, StepOutcome
 from agentstream.streams.outages import outage_of
 from agentstream.streams.telemetry import stages
@@ -401,15 +401,18 @@ def _event(e: EventRow) -> dict[str, Any]:
 
 
 _FOREIGN_IDS = uuid.UUID("0b0c8f5e-2d1b-4f3e-9a7c-6f1d2e3c4b5a")
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def event_uuid(event_id: str) -> str:
     """The ``events.event_id`` (uuid) of an event: its own id, or, for an id a third-party producer made
     that is not a UUID, a UUIDv5 of it (deterministic, so a copy is still recognised as the same)."""
+    if _CANONICAL_UUID.fullmatch(event_id):  # ours (``event_id_for``): as it is, without parsing
+        return event_id
     try:
         return str(uuid.UUID(event_id))
     except ValueError:
-        return str(uuid.uuid5(_FOREIGN_IDS, event_id))
+        return uuid5_str(_FOREIGN_IDS.bytes, event_id)
 
 
 def _payload(event: Event) -> dict[str, Any]:

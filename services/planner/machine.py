@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from agentstream.services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
@@ -106,13 +105,13 @@ def decide(state: RunState, decision: ApprovalDecided, now: datetime) -> RunStat
     tool = state.pending_request.get("tool", "the tool")
     note = Message(role="tool", name=tool, content=f"the call to {tool} was denied by a person"
                    + (f": {decision.reason}" if decision.reason else ""))
-    return _ask_model(replace(state, last_step_id=decision.step_id, status=RUNNING), now, [note])
+    return _ask_model(state.changed(last_step_id=decision.step_id, status=RUNNING), now, [note])
 
 
 def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
             now: datetime) -> RunState:
     """Apply the pending step's result (check ``is_pending_result`` first) and take the next step."""
-    state = replace(state, last_step_id=event.step_id)
+    state = state.changed(last_step_id=event.step_id)
     if isinstance(event, InferenceCompleted):
         return _on_model_reply(state, event, now)
     if isinstance(event, ToolCallCompleted):

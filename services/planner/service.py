@@ -38,6 +38,7 @@ from aiokafka import TopicPartition
 
 from agentstream.services.planner import machine
 from agentstream.services.planner.cache import RunCache
+from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams import task_rules, tracing
 from agentstream.streams.dlq import refuse
@@ -105,6 +106,7 @@ class Planner:
         self.store = store
         self.tools = tools
         self.cache = RunCache(cache_size)
+        self.snapshots = SnapshotPacer(runtime.settings.snapshot_interval_ms / 1000)
         self.deadline_tick_s = deadline_tick_s
         self.step_timeout_s = step_timeout_s
         self.max_run = timedelta(seconds=max_run_s)
@@ -175,8 +177,8 @@ class Planner:
             state = machine.fail(state, now, "quota_exceeded", over)
         elif task.deadline is not None and task.deadline <= now:
             state = machine.expire(state, now) or state
-        state = replace(state, traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
-                        topic_prefix=self.runtime.topics.prefix)
+        state = state.changed(traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
+                              topic_prefix=self.runtime.topics.prefix)
         await self._transition(None, state, ctx, task)
 
     async def _on_result(self, result: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
@@ -261,8 +263,10 @@ class Planner:
             if old is not None and consumed.event_id == old.last_event_id:
                 await self._publish(machine.outputs(old, self.runtime.topics), old, ctx)
             return
-        new = replace(new, last_event_id=consumed.event_id)
+        new = new.changed(last_event_id=consumed.event_id)
         outputs = machine.outputs(new, self.runtime.topics)
+        if self.snapshots.hold(new):
+            outputs = [(t, e) for t, e in outputs if t != self.runtime.topics.runs]
         # A model or retrieval request has no effect outside its run: it goes out now, while the
         # transition is recorded, instead of after (the record is done once both are durable). A
         # result that comes back before the transition is recorded waits in the run's queue; after a
@@ -278,10 +282,10 @@ class Planner:
             # leave it waiting for an answer that can never be recorded.
             self.stats["rejected"] += 1
             log.error("planner: %s", exc)
-            base = old if old is not None else replace(new, messages=(), pending_request={})
-            new = replace(machine.fail(base, datetime.now(UTC), "internal_error",
-                                       f"the run's next state could not be recorded: {exc}"),
-                          last_event_id=consumed.event_id)
+            base = old if old is not None else new.changed(messages=(), pending_request={})
+            new = machine.fail(base, datetime.now(UTC), "internal_error",
+                               f"the run's next state could not be recorded: {exc}").changed(
+                last_event_id=consumed.event_id)
             later = machine.outputs(new, self.runtime.topics)
             await self._commit(old, new, later, ctx, consumed=consumed)
         await self._publish(later, new, ctx)
@@ -520,12 +524,35 @@ class Planner:
             for state in self.cache.active():
                 if self._due(state, now):
                     self._sweep(state.run_id)
+            for run_id in self.snapshots.due(tick):
+                self._publish_snapshot(run_id)
             if tick >= next_sweep:
                 next_sweep = tick + self.sweep_interval_s
                 await self._sweep_database()
             if tick >= next_prune:
                 next_prune = tick + PRUNE_INTERVAL_S
                 await self._prune_claims()
+
+    def _publish_snapshot(self, run_id: str) -> None:
+        """Publish a held snapshot (``SnapshotPacer``): the run's latest state, in its own queue, so no
+        transition's snapshot can overtake it. Best effort: a run this planner no longer holds, or a
+        broker that does not answer, leaves it to the run's next transition."""
+        if self.runner is None:
+            return
+
+        async def publish() -> None:
+            state = self.cache.get(run_id)
+            if state is None or state.terminal:
+                return
+            try:
+                await self._publish([(self.runtime.topics.runs, state.snapshot(service=machine.SERVICE))], state, None)
+            except Exception as exc:
+                log.info("planner: the held snapshot of %s was not published (%s: %s)", run_id,
+                         type(exc).__name__, exc)
+                return
+            self.snapshots.sent(run_id)
+
+        self.runner.run_keyed(run_id.encode(), publish)
 
     async def _prune_claims(self) -> None:
         """Claim-check bodies outlive the records that point at them by a day, then go (any planner)."""

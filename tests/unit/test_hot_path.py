@@ -1,0 +1,115 @@
+"""The hot path's shortcuts: when the planner publishes a run's state to ``agent.runs``
+(services/planner/snapshots.py), and the fast ids, partitions and copies of states and events that do what
+``uuid.uuid5``, aiokafka's partitioner, ``dataclasses.replace`` and ``__init__`` did (same results)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from agentstream.services.planner import machine
+from agentstream.services.planner.snapshots import SnapshotPacer
+from agentstream.services.planner.state import RunState
+from agentstream.streams.events import (
+    _EVENT_NS,
+    InferenceRequested,
+    Message,
+    TaskSubmitted,
+    event_id_for,
+    uuid5_str,
+)
+from agentstream.streams.store import event_uuid
+from agentstream.streams.tool_catalog import ToolInfo
+
+NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+
+
+def _state(run_id: str = "r") -> RunState:
+    task = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", created_at=NOW,
+                               task="What is 2 + 2?", tools=["calculator"], max_steps=5)
+    return machine.start(task, [ToolInfo("calculator", "Arithmetic.", {"type": "object"})], NOW)
+
+
+def test_a_short_run_publishes_only_its_final_state() -> None:
+    pacer = SnapshotPacer(1.0)
+    state = _state()
+    assert pacer.hold(state, now=0.0) and pacer.hold(state.evolve(), now=0.3)
+    assert pacer.due(now=0.5) == []
+    done = machine.fail(state, NOW, "internal_error", "x")
+    assert not pacer.hold(done, now=0.6)
+    assert pacer.due(now=5.0) == [] and pacer.held == 0
+
+
+def test_a_running_run_is_published_once_an_interval() -> None:
+    pacer = SnapshotPacer(1.0)
+    state = _state()
+    assert pacer.hold(state, now=0.0)
+    assert pacer.hold(state.evolve(), now=0.4)  # still one held, due when the first was
+    assert pacer.due(now=0.9) == []
+    assert pacer.due(now=1.0) == ["r"]
+    assert pacer.due(now=1.1) == []  # taken: the planner publishes it and says so
+    pacer.sent("r", now=1.05)
+    assert pacer.hold(state.evolve(), now=1.5)  # within the interval of the last one
+    assert pacer.due(now=2.0) == []
+    assert pacer.due(now=2.05) == ["r"]
+    pacer.sent("r", now=2.1)
+    assert not pacer.hold(state.evolve(), now=3.2)  # a slow step: published with its transition
+    assert pacer.held == 0
+
+
+def test_interval_zero_publishes_every_transition() -> None:
+    pacer = SnapshotPacer(0.0)
+    state = _state()
+    assert not pacer.hold(state, now=0.0) and not pacer.hold(state.evolve(), now=0.0)
+
+
+def test_changed_is_replace() -> None:
+    state = _state()
+    assert state.changed(status="failed", step_index=4) == dataclasses.replace(state, status="failed", step_index=4)
+    assert state.evolve(answer="4").version == state.version + 1
+    with pytest.raises(TypeError, match="no field"):
+        state.changed(nonsense=1)
+
+
+def test_decoded_events_equal_constructed_ones() -> None:
+    event = InferenceRequested.build(run_id="r", step="r:0:model", service="planner", created_at=NOW, model="m",
+                                     messages=[Message(role="user", content="hi")], max_tokens=5)
+    again = InferenceRequested.from_dict(event.to_dict())
+    assert again == event and isinstance(again.messages[0], Message)
+    partial = {k: v for k, v in event.to_dict().items() if k != "temperature"}  # defaults filled in
+    assert InferenceRequested.from_dict(partial) == event
+
+
+def test_ids_are_uuid5() -> None:
+    for name in ("r:0:model|InferenceRequested|0", "é" * 7, ""):
+        assert uuid5_str(_EVENT_NS.bytes, name) == str(uuid.uuid5(_EVENT_NS, name))
+    assert event_id_for("s", "T", 2) == str(uuid.uuid5(_EVENT_NS, "s|T|2"))
+    own = event_id_for("s", "T")
+    assert event_uuid(own) == own
+    assert event_uuid(own.upper()) == own
+    assert uuid.UUID(event_uuid("kafka-7"))  # a foreign id: a UUID of it
+
+
+def test_key_partitioner_is_kafkas_default() -> None:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from agentstream.streams.topics import Topics, key_partitioner
+
+    default = DefaultPartitioner()
+    for n in range(500):
+        key = f"run-{n:016x}".encode()
+        partitions = list(range(n % 12 + 1))
+        assert key_partitioner(key, partitions, partitions) == default(key, partitions, partitions)
+    assert Topics(partitions=8).partition_for("run-0") == default(b"run-0", list(range(8)), [])
+    assert key_partitioner(None, [0, 1], [1]) == 1
+
+
+def test_a_run_waiting_for_a_person_is_published_at_once() -> None:
+    pacer = SnapshotPacer(1.0)
+    state = _state()
+    assert pacer.hold(state, now=0.0)
+    assert not pacer.hold(state.evolve(status="awaiting_approval"), now=0.1)
+    assert pacer.due(now=2.0) == []
