@@ -103,7 +103,7 @@ class Settings:
     #: carries a claim check (streams/claims.py); a larger dead letter is truncated, with a digest.
     max_event_bytes: int = 512 * 1024
     #: A running run's state goes to the compacted ``agent.runs`` topic at most once per this interval
-    #: (its final state at once, always); 0: after every transition. The topic is for reading the
+    #: (its final state, and one awaiting approval, at once); 0: after every transition. The topic is for reading the
     #: latest state of runs; a transition's own record is the ``events`` and ``steps`` rows, and every
     #: snapshot held back was a record to encode, append, replicate and compact (docs/benchmarks.md).
     snapshot_interval_ms: int = 1000
@@ -379,20 +379,20 @@ def _directory(name: str) -> Path | None:
 
 
 def _positive_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name}={raw!r} must be a positive integer")
-    return int(raw)
+    return _whole_number(name, default, minimum=1)
 
 
 def _non_negative_int(name: str, default: int) -> int:
+    return _whole_number(name, default, minimum=0)
+
+
+def _whole_number(name: str, default: int, *, minimum: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit():
-        raise ConfigError(f"{name}={raw!r} must be a whole number, 0 or more")
+    if not raw.isdigit() or int(raw) < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"a whole number, {minimum} or more"
+        raise ConfigError(f"{name}={raw!r} must be {wanted}")
     return int(raw)
 
 

@@ -269,9 +269,9 @@ def _preview(text: str | None, limit: int = RESULT_PREVIEW) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
 
 
-def outputs(state: RunState, topics: Topics) -> list[tuple[str, Event]]:
+def outputs(state: RunState, topics: Topics, *, snapshot: bool = True) -> list[tuple[str, Event]]:
     """Every event this state asks to be published, in order: the pending request (or the outcome)
-    and the snapshot."""
+    and, unless held back (services/planner/snapshots.py), the snapshot."""
     out: list[tuple[str, Event]] = []
     common: dict = {"run_id": state.run_id, "service": SERVICE, "created_at": state.updated_at}
     if state.prefetch == "pending" and state.last_step_id is None and state.step_index == 1:
@@ -302,7 +302,8 @@ def outputs(state: RunState, topics: Topics) -> list[tuple[str, Event]]:
         out.append((topics.outcomes, RunFailed.build(
             step=f"{state.run_id}:outcome", error_code=state.error_code or "failed", error=state.error or "",
             steps=state.step_index, duration_ms=_ms(state.submitted_at, state.updated_at), **common)))
-    out.append((topics.runs, state.snapshot(service=SERVICE)))
+    if snapshot:
+        out.append((topics.runs, state.snapshot(service=SERVICE)))
     return out
 
 

@@ -264,9 +264,7 @@ class Planner:
                 await self._publish(machine.outputs(old, self.runtime.topics), old, ctx)
             return
         new = new.changed(last_event_id=consumed.event_id)
-        outputs = machine.outputs(new, self.runtime.topics)
-        if self.snapshots.hold(new):
-            outputs = [(t, e) for t, e in outputs if t != self.runtime.topics.runs]
+        outputs = machine.outputs(new, self.runtime.topics, snapshot=not self.snapshots.hold(new))
         # A model or retrieval request has no effect outside its run: it goes out now, while the
         # transition is recorded, instead of after (the record is done once both are durable). A
         # result that comes back before the transition is recorded waits in the run's queue; after a

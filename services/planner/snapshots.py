@@ -38,8 +38,9 @@ class SnapshotPacer:
 
     def hold(self, state: RunState, now: float | None = None) -> bool:
         """Whether ``state``'s snapshot waits (True) or goes out with its transition (False, and it
-        counts as sent). A final state never waits, nor one awaiting approval; a running run's waits if its previous snapshot went
-        out less than the interval ago, or none did yet (a short run then publishes only its end)."""
+        counts as sent). A final state never waits, nor one awaiting approval; a running run's waits if
+        its previous snapshot went out less than the interval ago, or none did yet (a short run then
+        publishes only its end)."""
         run_id = state.run_id
         if state.terminal:
             self.forget(run_id)

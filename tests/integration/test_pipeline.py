@@ -75,6 +75,13 @@ async def test_a_slow_tool_does_not_delay_other_runs(pipe):
     # The ten fast runs finished while the slow tool was still sleeping, each in well under its 2 s.
     assert fast_done < 1.5, f"fast runs took {fast_done:.2f} s"
     assert max(r.duration_ms for r in fast_results) < 1500
+    # agent.runs (services/planner/snapshots.py): a fast run publishes only its final state; the slow
+    # one's state while its tool slept went out from the planner's timer once the interval (1 s) was up.
+    quickest = min(zip(fast_results, fast, strict=True), key=lambda pair: pair[0].duration_ms)
+    assert quickest[0].duration_ms < 1000
+    assert [s.status for s in await _snapshots(pipe, quickest[1])] == ["completed"]
+    held = [(s.status, s.pending_kind) for s in await _snapshots(pipe, slow)]
+    assert ("running", "tool") in held and held[-1] == ("completed", None), held
 
 
 async def test_deadline_and_max_steps_are_enforced(pipe):
@@ -170,10 +177,15 @@ async def _rejection(pipe, task, **kwargs) -> TaskRejected:
 
 
 async def _latest_snapshot(pipe, run_id: str) -> RunStateSnapshot:
+    return (await _snapshots(pipe, run_id))[-1]
+
+
+async def _snapshots(pipe, run_id: str) -> list[RunStateSnapshot]:
+    """The run's snapshots on agent.runs, in order; never none, never going back in version."""
     topics = pipe.worker.runtime.topics
     tp = TopicPartition(topics.runs, topics.partition_for(run_id))
     snapshots = [s for s in await read_events(pipe.settings, tp, 0, expect=10_000, timeout=2) if s.run_id == run_id]
     assert snapshots, "no snapshot on agent.runs"
     versions = [s.version for s in snapshots]
     assert versions == sorted(versions)
-    return snapshots[-1]
+    return snapshots

@@ -113,3 +113,16 @@ def test_a_run_waiting_for_a_person_is_published_at_once() -> None:
     assert pacer.hold(state, now=0.0)
     assert not pacer.hold(state.evolve(status="awaiting_approval"), now=0.1)
     assert pacer.due(now=2.0) == []
+
+
+def test_snapshot_interval_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from agentstream.streams.config import ConfigError, Settings
+
+    monkeypatch.setenv("AGENTSTREAM_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", raising=False)
+    assert Settings.load().snapshot_interval_ms == 1000
+    monkeypatch.setenv("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", "0")
+    assert Settings.load().snapshot_interval_ms == 0
+    monkeypatch.setenv("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", "-5")
+    with pytest.raises(ConfigError, match="SNAPSHOT_INTERVAL"):
+        Settings.load()
