@@ -91,6 +91,18 @@ FROM tool_calls WHERE step_id = $1
 """
 
 
+#: A call of an idempotent tool leaves no row in ``tool_calls``; when such a call is refused because its
+#: run has moved on, this tells a redelivered copy (its step recorded as done, with this very tool and
+#: these arguments: the planner has the answer) from a forgery.
+_ANSWERED = """
+SELECT EXISTS (SELECT 1 FROM steps
+               WHERE step_id = $1 AND run_id = $2 AND kind = 'tool' AND status <> 'requested'
+                 AND request->>'tool' = $3 AND request->'arguments' = $4::jsonb)
+"""
+#: The refusals a copy of an answered call meets: the run waits for a later step, or has ended.
+MOVED_ON: Final[frozenset[Refusal]] = frozenset({"not_pending", "run_finished"})
+
+
 @dataclass(frozen=True)
 class EarlierCall:
     """The step's row from before: ``running`` (interrupted, or running elsewhere), or finished."""
@@ -140,6 +152,14 @@ async def claim(pool: asyncpg.Pool, call: ToolCallRequested, arguments_json: str
     return _earlier(call, earlier)
 
 
+async def answered(pool: asyncpg.Pool, call: ToolCallRequested, arguments_json: str | None) -> bool:
+    """Whether ``call``'s run recorded its step as done with exactly this tool and these arguments: a
+    redelivered copy of a call already answered (for calls that keep no ``tool_calls`` row)."""
+    if arguments_json is None:
+        return False
+    return bool(await pool.fetchval(_ANSWERED, call.step_id, call.run_id, call.tool, arguments_json))
+
+
 def _earlier(call: ToolCallRequested, row: asyncpg.Record) -> Verdict:
     if not same_call(call, run_id=row["prev_run_id"], tool=row["prev_tool"],
                      same_arguments=bool(row["prev_same_arguments"])):
@@ -176,4 +196,5 @@ def refusal_reason(refusal: Refusal, call: ToolCallRequested, *, run_status: str
     return f"{refusal}: {why}"
 
 
-__all__ = ["ANSWERED", "EarlierCall", "Refusal", "Verdict", "claim", "refusal_reason", "same_call"]
+__all__ = ["ANSWERED", "MOVED_ON", "EarlierCall", "Refusal", "Verdict", "answered", "claim", "refusal_reason",
+           "same_call"]

@@ -2,8 +2,9 @@
 
 It consumes the three request topics of a replay's own topic prefix (inference, tools, retrieval) and
 answers each request with what the ORIGINAL run's step of the same index and kind returned (from
-PostgreSQL ``steps``, plus ``tool_calls`` for a tool's error kind): the planner under test sees the same
-results in the same order, with no model, no tool side effects and no search. The new run's step ids
+PostgreSQL ``steps``, plus ``tool_calls`` for a tool's error kind and attempts, or, for an idempotent
+tool, which keeps no such row, the ``ToolCallCompleted`` the planner recorded in ``events``): the planner
+under test sees the same results in the same order, with no model, no tool side effects and no search. The new run's step ids
 differ from the original's (they contain the run id), hence the match by index and kind.
 
 A request with no recorded counterpart — the pipeline decided differently — gets an error result that
@@ -66,8 +67,13 @@ class Recording:
     async def load(cls, pool: asyncpg.Pool | asyncpg.Connection, run_id: str) -> Recording:
         rows = await pool.fetch(
             """SELECT s.step_index, s.kind, s.status, s.request::text AS request, s.result::text AS result,
-                      s.error, t.error_kind, t.attempts
+                      s.error, coalesce(t.error_kind, e.payload->>'error_kind') AS error_kind,
+                      coalesce(t.attempts, (e.payload->>'attempts')::int) AS attempts
                FROM steps s LEFT JOIN tool_calls t ON t.step_id = s.step_id
+               LEFT JOIN LATERAL (  -- an idempotent tool's call has no tool_calls row: its answer as applied
+                   SELECT payload FROM events
+                   WHERE run_id = s.run_id AND step_id = s.step_id AND event_type = 'ToolCallCompleted'
+                   ORDER BY produced_at LIMIT 1) e ON t.step_id IS NULL AND s.kind = 'tool'
                WHERE s.run_id = $1""", run_id)
         decided = await pool.fetch(
             """SELECT step_id, payload::text AS payload FROM events

@@ -81,7 +81,8 @@ def _eval(node: ast.AST) -> float | int:
     raise ToolError(f"unsupported element in expression: {ast.dump(node)[:60]}")
 
 
-@tool(description="Evaluate an arithmetic expression, e.g. '17 * 23' or 'sqrt(2) / 3'.", timeout_s=2.0)
+@tool(description="Evaluate an arithmetic expression, e.g. '17 * 23' or 'sqrt(2) / 3'.", timeout_s=2.0,
+      idempotent=True)  # a pure function
 async def calculator(expression: str) -> float | int:
     return evaluate(expression)
 
@@ -104,7 +105,7 @@ def retrieve_tool(config: RetrieveConfig | None = None) -> Tool:
 
     @tool(name="retrieve", description=f"Search the document collection; returns the k (1-{config.max_k}) best "
                                        "passages with their id, text, score and source.",
-          timeout_s=config.timeout_s + 1.0, max_attempts=config.max_attempts)
+          timeout_s=config.timeout_s + 1.0, max_attempts=config.max_attempts, idempotent=True)  # a search
     async def retrieve(query: str, k: int = 5, *, ctx: ToolContext) -> list[dict[str, Any]]:
         if not 1 <= k <= config.max_k:
             raise ToolError(f"k must be between 1 and {config.max_k} (got {k})")

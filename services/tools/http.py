@@ -274,7 +274,8 @@ def http_get_tool(config: HttpGetConfig) -> Tool:
 
     @tool(name="http_get", description=f"Fetch a web page or API response with HTTP GET (allowed hosts: {hosts}); "
                                        "returns status, content type and text.",
-          timeout_s=config.timeout_s + 1.0, max_attempts=config.max_attempts, retry_on_timeout=True)
+          timeout_s=config.timeout_s + 1.0, max_attempts=config.max_attempts, retry_on_timeout=True,
+          idempotent=True)  # GET is safe (RFC 9110 9.2.1): no effects to repeat
     async def http_get(url: str) -> dict[str, Any]:
         return await fetch(url, config)
 

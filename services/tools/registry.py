@@ -12,6 +12,12 @@ pool, a way to ask the retrieval service).
 Retries are the tool's own business because only the tool knows what is safe to repeat: a tool that
 raises ``ToolError(retriable=True)`` (or times out, with ``retry_on_timeout=True``) is run again by the
 tool service, with exponential backoff, up to ``max_attempts`` times. The default is one attempt.
+
+For the same reason a tool says whether running it twice for one step is harmless (``idempotent=True``:
+a pure function, a read; MCP calls it ``idempotentHint``). The tool service then still checks every call
+against its run's record but keeps no ``tool_calls`` row for it: no claim before and no result after,
+two PostgreSQL commits a call fewer, and a redelivered or interrupted call simply runs again. By
+default a tool is not, and runs at most once per step (services/tools/service.py).
 """
 
 from __future__ import annotations
@@ -90,6 +96,10 @@ class Tool(Generic[P, R]):
     max_backoff_s: float = 5.0
     #: Whether running past ``timeout_s`` is worth another attempt (safe only for repeatable tools).
     retry_on_timeout: bool = False
+    #: Whether running the tool twice for one step is harmless (no effects, or effects that repeat as
+    #: one): then the tool service records no claim and no result row for its calls, and a redelivered
+    #: or interrupted call runs again rather than being answered from the row or as "interrupted".
+    idempotent: bool = False
     #: The version of what the tool tells the catalogue (description, parameters, ``requires_approval``):
     #: raise it with every change, or the catalogue refuses the new metadata as a conflict and keeps the
     #: old; a worker with a lower version cannot change it back (streams/tool_catalog.py).
@@ -187,13 +197,13 @@ def tool(fn: Callable[P, Awaitable[R]]) -> Tool[P, R]: ...
 def tool(fn: None = None, *, name: str | None = None, description: str | None = None,
          timeout_s: float = 10.0, requires_approval: bool = False, max_attempts: int = 1,
          backoff_s: float = 0.2, max_backoff_s: float = 5.0, retry_on_timeout: bool = False,
-         version: int = 1) -> Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]: ...
+         idempotent: bool = False, version: int = 1) -> Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]: ...
 
 
 def tool(fn: Callable[P, Awaitable[R]] | None = None, *, name: str | None = None,
          description: str | None = None, timeout_s: float = 10.0, requires_approval: bool = False,
          max_attempts: int = 1, backoff_s: float = 0.2, max_backoff_s: float = 5.0,
-         retry_on_timeout: bool = False, version: int = 1,
+         retry_on_timeout: bool = False, idempotent: bool = False, version: int = 1,
          ) -> Tool[P, R] | Callable[[Callable[P, Awaitable[R]]], Tool[P, R]]:
     """Make an async function a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(...)``).
     The tool keeps the function's type: ``Tool[P, R]`` for an ``async def f(*P) -> R``."""
@@ -220,7 +230,7 @@ def tool(fn: Callable[P, Awaitable[R]] | None = None, *, name: str | None = None
                     parameters={"type": "object", "properties": props, "required": required},
                     timeout_s=timeout_s, requires_approval=requires_approval, context_param=context_param,
                     max_attempts=max_attempts, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
-                    retry_on_timeout=retry_on_timeout, version=version)
+                    retry_on_timeout=retry_on_timeout, idempotent=idempotent, version=version)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -15,6 +15,13 @@ rebalance) finds the row: a finished call is answered from it (``replayed=true``
 tool again; a call still marked ``running`` was interrupted mid-execution (its worker died), and
 because its effects may or may not have happened, it is not run again either: the result says so.
 
+A tool that says running it twice is harmless (``idempotent=True``: the calculator, ``sql_query``,
+``retrieve``, ``http_get``) is checked against its run the same way, in the same statement, but keeps no
+row: no claim before it runs and no result after, two PostgreSQL commits a call fewer. A redelivered or
+interrupted call of it runs again (the planner applies one answer per step and drops copies), and a copy
+that arrives after its run has moved on is recognised from the run's recorded step (same tool and
+arguments, done) and dropped, where a call with no such step is refused as a forgery.
+
 Retries happen here, inside the claimed call, not in the runtime: a retriable tool error (or a
 timeout, for tools that say timeouts are retriable) runs the tool again after an exponential backoff,
 up to the tool's ``max_attempts``, and the row's ``attempts`` counts the executions started. The
@@ -136,13 +143,19 @@ class ToolService:
         clock = stages.clock()
         claiming = time.perf_counter()
         # The run's record decides first, even for a call answered with an error: any answer is one the
-        # planner may apply, and only a call its run asked for may have one (streams/tool_calls.py).
+        # planner may apply, and only a call its run asked for may have one (streams/tool_calls.py). An
+        # idempotent tool's call is checked the same way but not claimed: it leaves no row.
+        recorded = tool is None or not tool.idempotent
         verdict = await tool_calls.claim(self.pool, event, arguments_json, prefix=self.runtime.topics.prefix,
                                          requires_approval=tool is not None and tool.requires_approval,
-                                         execute=problem is None)
+                                         execute=problem is None and recorded)
         if clock is not None:
             clock.since("tools.claim", claiming)
         if verdict.refusal is not None:
+            if (not recorded and verdict.refusal in tool_calls.MOVED_ON
+                    and await tool_calls.answered(self.pool, event, arguments_json)):
+                log.info("tools: %s was answered before (its run has moved on); dropping the copy", event.step_id)
+                return
             await self._refuse(ctx, event, started, verdict)
             return
         if problem is not None:
@@ -153,8 +166,11 @@ class ToolService:
         unrecorded = self._unrecorded.get(event.step_id)
         stopped = self._stopped.get(event.step_id)
         if previous is not None and unrecorded is None and stopped is None:
+            # (an idempotent tool's step may have a row all the same: claimed by a worker whose definition
+            # of the tool was not idempotent; that row is the answer)
             await self._replay(ctx, event, started, previous)
             return
+        recorded = previous is not None or recorded
         first = 1 if stopped is None else stopped + 1
         # A runtime retry of this handler after the tool ran but before its row was updated (a database
         # blip) answers from memory instead of "interrupted". With tracing, the execution is a span.
@@ -172,12 +188,13 @@ class ToolService:
         else:
             outcome = unrecorded or await self._execute(tool, arguments, event, first)
         self._stopped.pop(event.step_id, None)
-        self._unrecorded[event.step_id] = outcome
-        finishing = time.perf_counter()
-        await self._finish(event, outcome)
-        if clock is not None:
-            clock.since("tools.finish", finishing)
-        del self._unrecorded[event.step_id]
+        if recorded:
+            self._unrecorded[event.step_id] = outcome
+            finishing = time.perf_counter()
+            await self._finish(event, outcome)
+            if clock is not None:
+                clock.since("tools.finish", finishing)
+            del self._unrecorded[event.step_id]
         await self._reply(ctx, event, started, outcome)
         if outcome.error_kind == RETRIES_EXHAUSTED:
             await self._dead_letter(ctx, event, outcome.error or "")
@@ -186,7 +203,7 @@ class ToolService:
                        attempt: int = 1) -> Outcome:
         """Run the tool, retrying retriable failures with backoff; never raises for the tool's errors,
         only for an outage of this worker's database (the runtime waits it out and calls again)."""
-        if attempt > 1:
+        if attempt > 1 and not tool.idempotent:
             await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
         while True:
             context = ToolContext(event.run_id, event.step_id, self.pool, attempt=attempt,
@@ -216,10 +233,12 @@ class ToolService:
             log.info("tools: %s attempt %d of %d failed (%s); retrying in %.2f s", event.step_id, attempt,
                      tool.max_attempts, reason, delay)
             await asyncio.sleep(delay)
-            self._stopped[event.step_id] = attempt  # if the update below meets an outage: the next attempt
             attempt += 1
-            await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
-            del self._stopped[event.step_id]
+            if not tool.idempotent:
+                self._stopped[event.step_id] = attempt - 1  # if the update meets an outage: the next attempt
+                await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id,
+                                        attempt)
+                del self._stopped[event.step_id]
 
     async def _database_outage(self, exc: BaseException) -> bool:
         """Whether ``exc``, raised by a tool, is this worker's database being down: an outage error, and

@@ -191,7 +191,7 @@ def sql_query_tool(config: SqlQueryConfig | None = None) -> Tool:
           description=f"Run one read-only SQL query (PostgreSQL) on the tables {', '.join(READABLE)}; returns "
                       f"columns and at most {config.max_rows} rows. Name the columns you need "
                       "(documents.embedding is large).",
-          timeout_s=config.statement_timeout_s + 2.0)
+          timeout_s=config.statement_timeout_s + 2.0, idempotent=True)  # a read-only transaction
     async def sql_query(query: str, ctx: ToolContext) -> dict[str, Any]:
         if ctx.query_pool is None:  # never the service's own pool: see the module docstring
             raise ToolError("sql_query needs its own database pool (ToolContext.query_pool)")

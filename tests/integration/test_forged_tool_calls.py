@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.codec import codec_for
@@ -149,3 +149,51 @@ async def test_calls_the_run_did_not_ask_for_are_refused_and_its_real_call_runs_
     assert await _effects(pipe, run_id) == ["transfer 5"]
     assert len(await _results(pipe, run_id)) == 1
 
+
+
+async def _handled(pipe, source: tuple[int, int], timeout: float = 20) -> None:
+    """Wait until the tool service committed past the request at ``source``: it finished with it (the
+    runtime commits an offset only after the record's outputs, a letter included, were acknowledged)."""
+    topics = pipe.worker.runtime.topics
+    tp = TopicPartition(topics.tool_requests, source[0])
+    consumer = AIOKafkaConsumer(**pipe.settings.kafka_options(), group_id=topics.group("tools"),
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while (await consumer.committed(tp) or 0) <= source[1]:
+            assert time.monotonic() < deadline, f"the tool service did not get past the request at {source}"
+            await asyncio.sleep(0.1)
+    finally:
+        await consumer.stop()
+
+
+async def test_a_late_copy_of_an_idempotent_tools_call_is_dropped_and_a_changed_one_refused(pipe):
+    """The calculator is idempotent: its calls are checked but leave no ``tool_calls`` row. A copy of its
+    call that arrives after the run has ended — as a new owner of the partition would receive it, past
+    the runtime's memory of finished event ids — is recognised from the step the planner recorded and
+    dropped: no dead letter, no second answer. The same step id with other arguments is still refused."""
+    run_id = await pipe.client.submit('[[tool:calculator {"expression": "6 * 7"}]] [[answer:done]]',
+                                      tools=["calculator"], prefetch=False)
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok and result.answer == "done", result
+    [real] = await _results(pipe, run_id)
+    assert real.ok and real.result == "42" and not real.replayed, real
+    pool = await pipe.client.pool()
+    assert await pool.fetchval("SELECT count(*) FROM tool_calls WHERE run_id = $1", run_id) == 0
+
+    copy = dataclasses.replace(_forged(run_id, real.step_id, "calculator", {"expression": "6 * 7"}),
+                               event_id=str(uuid.uuid4()))
+    where = await _publish(pipe, copy)
+    changed = dataclasses.replace(_forged(run_id, real.step_id, "calculator", {"expression": "6 * 8"}),
+                                  event_id=str(uuid.uuid4()))
+    letter = await _refused(pipe, changed, "run_finished")
+    await _handled(pipe, where)
+    topics = pipe.worker.runtime.topics
+    dlq = TopicPartition(topics.dlq, 0)
+    end = (await end_offsets(pipe.settings, [dlq]))[dlq]
+    letters = [m for m in await read_events(pipe.settings, dlq, 0, expect=end, timeout=5)
+               if isinstance(m, DeadLetter) and m.run_id == run_id]
+    assert [(m.source_partition, m.source_offset) for m in letters] == [(letter.source_partition,
+                                                                         letter.source_offset)]
+    assert len(await _results(pipe, run_id)) == 1

@@ -151,6 +151,8 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
             await conn.fetchval("SELECT count(*) FROM runs")
     async with connection(stack.database_url_for("tools")) as conn:
         assert await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
+        # (steps: how an idempotent tool's late copy is told from a forgery, streams/tool_calls.py)
+        assert await conn.fetchval("SELECT count(*) FROM steps WHERE run_id = $1 AND kind = 'tool'", run_id) == 1
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = $1", run_id)
         with pytest.raises(asyncpg.InsufficientPrivilegeError):

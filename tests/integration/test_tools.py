@@ -117,6 +117,18 @@ async def test_retriable_failures_are_retried_with_backoff_then_succeed(pipe):
     assert (row["status"], row["attempts"], row["error"]) == ("succeeded", 3, None)
 
 
+async def test_an_idempotent_tool_is_retried_and_answered_without_a_tool_calls_row(pipe):
+    key = uuid.uuid4().hex
+    run_id, step = await _tool_step(
+        pipe, f'[[tool:flaky_read {{"key": "{key}", "failures": 2}}]] [[answer:done]]', ["flaky_read"])
+    assert step["status"] == "completed", step
+    assert json.loads(step["result"]["result"]) == "ok after 3 executions"
+    pool = await pipe.client.pool()
+    runs = await pool.fetch(f"SELECT attempt FROM {RUNS_TABLE} WHERE key = $1 ORDER BY id", key)
+    assert [r["attempt"] for r in runs] == [1, 2, 3]
+    assert await _tool_call(pipe, run_id) is None  # checked against the run, never claimed or finished
+
+
 async def test_exhausted_retries_fail_the_step_and_dead_letter_the_request(pipe):
     topics = pipe.worker.runtime.topics
     dlq = TopicPartition(topics.dlq, 0)

@@ -26,6 +26,12 @@ async def flaky(key: str, failures: int, ctx: ToolContext) -> str:
     return f"ok after {n} executions"
 
 
+@tool(description="`flaky`, declared idempotent: its calls keep no tool_calls row.", max_attempts=3,
+      backoff_s=0.05, idempotent=True)
+async def flaky_read(key: str, failures: int, ctx: ToolContext) -> str:
+    return await flaky(key, failures, ctx)
+
+
 @tool(description="Sleep past the tool's 0.5 s limit.", timeout_s=0.5)
 async def slow(seconds: float) -> str:
     await asyncio.sleep(seconds)

@@ -89,6 +89,17 @@ def test_retry_settings_and_backoff():
         tool(max_attempts=0)(repeatable.fn)
 
 
+def test_only_tools_that_say_so_are_idempotent():
+    @tool
+    async def refund(order_id: str) -> str:
+        return order_id
+
+    assert not refund.idempotent  # at most once per step unless the tool says running it twice is harmless
+    config = BuiltinConfig(http_get=HttpGetConfig(allowed_hosts=("example.com",)))
+    assert {t.name: t.idempotent for t in builtin_tools(config)} == {
+        "calculator": True, "sql_query": True, "retrieve": True, "http_get": True}
+
+
 # -- which built-ins a worker serves ------------------------------------------------------------------
 
 def test_http_get_is_off_unless_hosts_are_allowed():
