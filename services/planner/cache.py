@@ -1,9 +1,18 @@
-"""The planner's memory of runs: the most recently used states, and which of them are still active.
+"""The planner's memory of runs: the active ones, and a few recently finished.
 
-The deadline timer looks at active runs four times a second; a planner keeps up to ``cache_size``
-states (100,000 by default), most of them finished once it has run for a while. Iterating all of them
-on every tick cost CPU in proportion to the cache rather than to the runs in flight, so the active
-ones are kept apart.
+An active run's state is read on every event of the run, so a planner keeps every active run it owns
+(up to ``size``, 100,000 by default; beyond that the least recently used is evicted and read back from
+PostgreSQL when needed). A finished run's state is read only for a late copy of one of its events (a
+redelivery after a rebalance, a cancel after the end), so only the ``finished_size`` most recently
+finished (1,000 by default) are kept; an older one is read from PostgreSQL in that rare case.
+
+Keeping finished runs up to ``size`` as well, as the planner once did, cost more than memory: CPython's
+full garbage collection stops the event loop for a time proportional to the objects in the process,
+and 100,000 cached states are about 850,000 of them — a 0.6 s pause on this machine, every 25,000 or so
+runs once the cache was full (bench/planner_gc.py, docs/benchmarks.md).
+
+The deadline timer looks at active runs four times a second; they are kept apart from finished ones,
+so that costs CPU in proportion to the runs in flight, not to the cache.
 """
 
 from __future__ import annotations
@@ -13,51 +22,64 @@ from collections.abc import Callable, Iterator
 
 from agentstream.services.planner.state import RunState
 
+#: Finished runs kept by default (see the module docstring).
+FINISHED_SIZE = 1_000
+
 
 class RunCache:
-    """Least recently used run states, by run id, with the active (not terminal) ones indexed."""
+    """Active run states (least recently used evicted past ``size``) and the ``finished_size`` most
+    recently finished, by run id."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, finished_size: int = FINISHED_SIZE) -> None:
         self.size = size
-        self._states: OrderedDict[str, RunState] = OrderedDict()
-        self._active: dict[str, None] = {}
+        self.finished_size = finished_size
+        self._active: OrderedDict[str, RunState] = OrderedDict()
+        self._finished: OrderedDict[str, RunState] = OrderedDict()
 
     def __contains__(self, run_id: object) -> bool:
-        return run_id in self._states
+        return run_id in self._active or run_id in self._finished
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self._active) + len(self._finished)
 
     def get(self, run_id: str) -> RunState | None:
         """The run's state (now the most recently used), or None."""
-        state = self._states.get(run_id)
+        state = self._active.get(run_id)
         if state is not None:
-            self._states.move_to_end(run_id)
+            self._active.move_to_end(run_id)
+            return state
+        state = self._finished.get(run_id)
+        if state is not None:
+            self._finished.move_to_end(run_id)
         return state
 
     def remember(self, state: RunState) -> None:
-        self._states[state.run_id] = state
-        self._states.move_to_end(state.run_id)
+        run_id = state.run_id
         if state.terminal:
-            self._active.pop(state.run_id, None)
-        else:
-            self._active[state.run_id] = None
-        while len(self._states) > self.size:
-            run_id, _ = self._states.popitem(last=False)
             self._active.pop(run_id, None)
+            kept, other, limit = self._finished, None, self.finished_size
+        else:
+            kept, other, limit = self._active, self._finished, self.size
+        if other is not None:
+            other.pop(run_id, None)
+        kept[run_id] = state
+        kept.move_to_end(run_id)
+        while len(kept) > limit:
+            kept.popitem(last=False)
 
     def pop(self, run_id: str) -> None:
-        self._states.pop(run_id, None)
         self._active.pop(run_id, None)
+        self._finished.pop(run_id, None)
 
     def forget(self, which: Callable[[str], bool]) -> None:
         """Forget the runs whose id ``which`` accepts."""
-        for run_id in [r for r in self._states if which(r)]:
-            self.pop(run_id)
+        for kept in (self._active, self._finished):
+            for run_id in [r for r in kept if which(r)]:
+                del kept[run_id]
 
     def active(self) -> Iterator[RunState]:
         """The states of the cached runs that have not ended (a snapshot: the cache may change meanwhile)."""
-        return iter([self._states[r] for r in self._active])
+        return iter(list(self._active.values()))
 
 
-__all__ = ["RunCache"]
+__all__ = ["FINISHED_SIZE", "RunCache"]

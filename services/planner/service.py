@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from aiokafka import TopicPartition
 
 from agentstream.services.planner import machine
-from agentstream.services.planner.cache import RunCache
+from agentstream.services.planner.cache import FINISHED_SIZE, RunCache
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams import task_rules, tracing
@@ -94,18 +94,19 @@ PRUNE_INTERVAL_S = 3600.0
 
 
 class Planner:
-    """``step_timeout_s``: a run whose pending step shows no progress for this long is re-driven.
+    """``cache_size``: active runs kept in memory; ``finished_cache_size``: finished ones (services/planner/cache.py).
+    ``step_timeout_s``: a run whose pending step shows no progress for this long is re-driven.
     ``max_run_s``: no run lasts longer than this after it started, deadline or not.
     ``sweep_interval_s``: how often PostgreSQL is searched for stalled runs."""
 
     def __init__(self, runtime: Runtime, store: TransitionStore, tools: ToolCatalog, *,
-                 cache_size: int = 100_000, deadline_tick_s: float = 0.25,
+                 cache_size: int = 100_000, finished_cache_size: int = FINISHED_SIZE, deadline_tick_s: float = 0.25,
                  step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, max_run_s: float = DEFAULT_MAX_RUN_S,
                  sweep_interval_s: float | None = None) -> None:
         self.runtime = runtime
         self.store = store
         self.tools = tools
-        self.cache = RunCache(cache_size)
+        self.cache = RunCache(cache_size, finished_size=finished_cache_size)
         self.snapshots = SnapshotPacer(runtime.settings.snapshot_interval_ms / 1000)
         self.deadline_tick_s = deadline_tick_s
         self.step_timeout_s = step_timeout_s

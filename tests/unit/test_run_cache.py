@@ -1,4 +1,5 @@
-"""The planner's run cache: least recently used eviction, and the active runs the deadline timer reads."""
+"""The planner's run cache: least recently used eviction, a small memory of finished runs, and the active runs
+the deadline timer reads."""
 
 from __future__ import annotations
 
@@ -40,3 +41,17 @@ def test_eviction_and_forgetting_drop_runs_from_the_active_index_too():
     cache.forget(lambda run_id: run_id == "a")
     cache.pop("missing")
     assert "a" not in cache and [s.run_id for s in cache.active()] == ["c"]
+
+
+def test_only_the_most_recently_finished_runs_are_kept_and_active_ones_never_make_room_for_them():
+    cache = RunCache(3, finished_size=2)
+    cache.remember(state("active"))
+    for run_id in ("f1", "f2", "f3"):
+        cache.remember(state(run_id))
+        cache.remember(state(run_id, finished=True))  # ends: moves from the active runs to the finished
+    assert "f1" not in cache and "f2" in cache and "f3" in cache  # two finished at most
+    assert "active" in cache and [s.run_id for s in cache.active()] == ["active"]
+    assert cache.get("f2") is not None  # f2 is now the most recently used finished run
+    cache.remember(state("f4", finished=True))  # evicts f3, not f2
+    assert "f3" not in cache and "f2" in cache and len(cache) == 3
+

@@ -1,0 +1,100 @@
+"""The planner's garbage-collection pauses once its run cache is full.
+
+CPython's cyclic collector stops the event loop for a full (generation 2) collection, whose length grows
+with every tracked object in the process, and starts one each time the survivors since the last one
+reach a quarter of the long-lived objects. A long-running planner's largest store of objects is its run
+cache: with finished runs kept up to the cache's size (100,000), a full collection scanned about 850,000
+objects. This drives the real state machine (scripted model, calculator: 3 steps a run) through a
+``RunCache`` as the planner uses it (each new state remembered), past the point where the cache is full,
+and times every collection the interpreter starts by itself (``gc.callbacks``).
+
+    .venv/bin/python bench/planner_gc.py [--runs 300000] [--cache-size 100000] [--finished-size 1000] [--json]
+
+``--finished-size`` equal to ``--cache-size`` keeps finished runs as the planner did before it had a
+separate, small memory of finished runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from datetime import UTC, datetime
+
+from agentstream.services.inference.backends.base import ChatMessage
+from agentstream.services.inference.backends.scripted import scripted_reply
+from agentstream.services.planner import machine
+from agentstream.services.planner.cache import RunCache
+from agentstream.services.tools.builtin import evaluate
+from agentstream.streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
+from agentstream.streams.tool_catalog import ToolInfo
+
+CALCULATOR = [ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object"})]
+
+
+def run_through(cache: RunCache, i: int) -> None:
+    """One run of the benchmark agent, every state remembered as the planner remembers it."""
+    now = datetime.now(UTC)
+    task = TaskSubmitted.build(run_id=f"r{i}", step=f"r{i}:task", service="bench", task=f"What is {i} + 1?",
+                               tools=["calculator"], max_steps=5)
+    state = machine.start(task, CALCULATOR, now)
+    cache.remember(state)
+    while not state.terminal:
+        step = state.pending_step_id or ""
+        if state.pending_kind == "model":
+            text, _ = scripted_reply(tuple(ChatMessage(role=m.role, content=m.content) for m in state.messages))
+            result: InferenceCompleted | ToolCallCompleted = InferenceCompleted.build(
+                run_id=state.run_id, step=step, service="bench", text=text, finish_reason="stop")
+        else:
+            value = evaluate(state.pending_request["arguments"]["expression"])
+            result = ToolCallCompleted.build(run_id=state.run_id, step=step, service="bench",
+                                             tool="calculator", ok=True, result=json.dumps(value))
+        state = machine.advance(state, result, datetime.now(UTC))
+        cache.remember(state)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=300_000)
+    parser.add_argument("--cache-size", type=int, default=100_000)
+    parser.add_argument("--finished-size", type=int, default=None, help="default: RunCache's own default")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    cache = (RunCache(args.cache_size) if args.finished_size is None
+             else RunCache(args.cache_size, finished_size=args.finished_size))
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    started: list[float] = []
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        else:
+            pauses[info["generation"]].append((time.perf_counter() - started.pop()) * 1000)
+
+    gc.collect()
+    gc.callbacks.append(timed)
+    t0 = time.perf_counter()
+    for i in range(args.runs):
+        run_through(cache, i)
+    wall = time.perf_counter() - t0
+    gc.callbacks.remove(timed)
+    full = pauses[2]
+    out = {"runs": args.runs, "cache_size": args.cache_size, "finished_size": cache.finished_size,
+           "cached": len(cache), "tracked_objects": len(gc.get_objects()), "wall_s": round(wall, 1),
+           "full_collections": len(full), "full_pause_ms_median": round(statistics.median(full), 1) if full else 0.0,
+           "full_pause_ms_max": round(max(full), 1) if full else 0.0,
+           "full_pause_ms_total": round(sum(full), 1),
+           "young_pause_ms_total": round(sum(pauses[0]) + sum(pauses[1]), 1)}
+    print(f"{args.runs} runs through a cache of {args.cache_size} ({cache.finished_size} finished kept), "
+          f"{out['tracked_objects']} objects tracked at the end: {out['full_collections']} full collections, "
+          f"pause median {out['full_pause_ms_median']} ms, max {out['full_pause_ms_max']} ms, "
+          f"{out['full_pause_ms_total']} ms in all; young collections {out['young_pause_ms_total']} ms in all; "
+          f"{wall:.1f} s")
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
