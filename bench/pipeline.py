@@ -51,25 +51,19 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import asyncpg
+from scripted_agent import run_agent
 
 from agentstream.devstack.stack import DevStack
-from agentstream.services.inference.backends.base import ChatMessage
-from agentstream.services.inference.backends.scripted import scripted_reply
-from agentstream.services.planner import machine
-from agentstream.services.tools.builtin import evaluate
 from agentstream.streams.client import AgentClient
 from agentstream.streams.config import Settings
-from agentstream.streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
 from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover
 from agentstream.streams.telemetry.tracing import Tracing
-from agentstream.streams.tool_catalog import ToolInfo
 from agentstream.streams.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,29 +76,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def in_process_steps_per_s(runs: int) -> float:
     """The same loop without Kafka or PostgreSQL: state machine + scripted model + calculator."""
-    calc = [ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object"})]
     topics = Topics()
-    steps = 0
     t0 = time.perf_counter()
-    for i in range(runs):
-        now = datetime.now(UTC)
-        task = TaskSubmitted.build(run_id=f"r{i}", step=f"r{i}:task", service="bench", task=f"What is {i} + 1?",
-                                   tools=["calculator"], max_steps=5)
-        state = machine.start(task, calc, now)
-        while not state.terminal:
-            machine.outputs(state, topics)  # the events it would publish
-            if state.pending_kind == "model":
-                msgs = tuple(ChatMessage(role=m.role, content=m.content) for m in state.messages)
-                text, _ = scripted_reply(msgs)
-                result = InferenceCompleted.build(run_id=state.run_id, step=state.pending_step_id, service="b",
-                                                  text=text, finish_reason="stop")
-            else:
-                value = evaluate(state.pending_request["arguments"]["expression"])
-                result = ToolCallCompleted.build(run_id=state.run_id, step=state.pending_step_id, service="b",
-                                                 tool="calculator", ok=True, result=json.dumps(value))
-            state = machine.advance(state, result, datetime.now(UTC))
-            steps += 1
-        machine.outputs(state, topics)
+    steps = sum(run_agent(i, topics=topics) for i in range(runs))
     return steps / (time.perf_counter() - t0)
 
 

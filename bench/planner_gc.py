@@ -21,49 +21,20 @@ import gc
 import json
 import statistics
 import time
-from datetime import UTC, datetime
 
-from agentstream.services.inference.backends.base import ChatMessage
-from agentstream.services.inference.backends.scripted import scripted_reply
-from agentstream.services.planner import machine
-from agentstream.services.planner.cache import RunCache
-from agentstream.services.tools.builtin import evaluate
-from agentstream.streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
-from agentstream.streams.tool_catalog import ToolInfo
+from scripted_agent import run_agent
 
-CALCULATOR = [ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object"})]
-
-
-def run_through(cache: RunCache, i: int) -> None:
-    """One run of the benchmark agent, every state remembered as the planner remembers it."""
-    now = datetime.now(UTC)
-    task = TaskSubmitted.build(run_id=f"r{i}", step=f"r{i}:task", service="bench", task=f"What is {i} + 1?",
-                               tools=["calculator"], max_steps=5)
-    state = machine.start(task, CALCULATOR, now)
-    cache.remember(state)
-    while not state.terminal:
-        step = state.pending_step_id or ""
-        if state.pending_kind == "model":
-            text, _ = scripted_reply(tuple(ChatMessage(role=m.role, content=m.content) for m in state.messages))
-            result: InferenceCompleted | ToolCallCompleted = InferenceCompleted.build(
-                run_id=state.run_id, step=step, service="bench", text=text, finish_reason="stop")
-        else:
-            value = evaluate(state.pending_request["arguments"]["expression"])
-            result = ToolCallCompleted.build(run_id=state.run_id, step=step, service="bench",
-                                             tool="calculator", ok=True, result=json.dumps(value))
-        state = machine.advance(state, result, datetime.now(UTC))
-        cache.remember(state)
+from agentstream.services.planner.cache import FINISHED_SIZE, RunCache
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=300_000)
     parser.add_argument("--cache-size", type=int, default=100_000)
-    parser.add_argument("--finished-size", type=int, default=None, help="default: RunCache's own default")
+    parser.add_argument("--finished-size", type=int, default=FINISHED_SIZE)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    cache = (RunCache(args.cache_size) if args.finished_size is None
-             else RunCache(args.cache_size, finished_size=args.finished_size))
+    cache = RunCache(args.cache_size, finished_size=args.finished_size)
     pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
     started: list[float] = []
 
@@ -77,7 +48,7 @@ def main() -> None:
     gc.callbacks.append(timed)
     t0 = time.perf_counter()
     for i in range(args.runs):
-        run_through(cache, i)
+        run_agent(i, remember=cache.remember)
     wall = time.perf_counter() - t0
     gc.callbacks.remove(timed)
     full = pauses[2]

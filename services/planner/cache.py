@@ -54,18 +54,12 @@ class RunCache:
         return state
 
     def remember(self, state: RunState) -> None:
-        run_id = state.run_id
         if state.terminal:
-            self._active.pop(run_id, None)
-            kept, other, limit = self._finished, None, self.finished_size
+            self._active.pop(state.run_id, None)
+            _keep(self._finished, state, self.finished_size)
         else:
-            kept, other, limit = self._active, self._finished, self.size
-        if other is not None:
-            other.pop(run_id, None)
-        kept[run_id] = state
-        kept.move_to_end(run_id)
-        while len(kept) > limit:
-            kept.popitem(last=False)
+            self._finished.pop(state.run_id, None)  # (never expected: a finished run does not resume)
+            _keep(self._active, state, self.size)
 
     def pop(self, run_id: str) -> None:
         self._active.pop(run_id, None)
@@ -80,6 +74,14 @@ class RunCache:
     def active(self) -> Iterator[RunState]:
         """The states of the cached runs that have not ended (a snapshot: the cache may change meanwhile)."""
         return iter(list(self._active.values()))
+
+
+def _keep(states: OrderedDict[str, RunState], state: RunState, limit: int) -> None:
+    """``state`` as the most recently used of ``states``, evicting the least recently used past ``limit``."""
+    states[state.run_id] = state
+    states.move_to_end(state.run_id)
+    while len(states) > limit:
+        states.popitem(last=False)
 
 
 __all__ = ["FINISHED_SIZE", "RunCache"]

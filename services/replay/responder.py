@@ -4,8 +4,9 @@ It consumes the three request topics of a replay's own topic prefix (inference, 
 answers each request with what the ORIGINAL run's step of the same index and kind returned (from
 PostgreSQL ``steps``, plus ``tool_calls`` for a tool's error kind and attempts, or, for an idempotent
 tool, which keeps no such row, the ``ToolCallCompleted`` the planner recorded in ``events``): the planner
-under test sees the same results in the same order, with no model, no tool side effects and no search. The new run's step ids
-differ from the original's (they contain the run id), hence the match by index and kind.
+under test sees the same results in the same order, with no model, no tool side effects and no search.
+The new run's step ids differ from the original's (they contain the run id), hence the match by index
+and kind.
 
 A request with no recorded counterpart — the pipeline decided differently — gets an error result that
 says so: a tool call or retrieval whose tool, arguments or query differ from the record is not answered

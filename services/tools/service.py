@@ -170,7 +170,8 @@ class ToolService:
             # of the tool was not idempotent; that row is the answer)
             await self._replay(ctx, event, started, previous)
             return
-        recorded = previous is not None or recorded
+        # A row that exists is kept up to date, whatever this worker's definition of the tool says.
+        recorded = recorded or previous is not None
         first = 1 if stopped is None else stopped + 1
         # A runtime retry of this handler after the tool ran but before its row was updated (a database
         # blip) answers from memory instead of "interrupted". With tracing, the execution is a span.
@@ -179,14 +180,14 @@ class ToolService:
             span = self._tracing.start_child(f"tool {tool.name}", parent, {
                 "agentstream.tool": tool.name, "agentstream.step_id": event.step_id})
             try:
-                outcome = await self._execute(tool, arguments, event, first)
+                outcome = await self._execute(tool, arguments, event, first, recorded=recorded)
                 span.set_attribute("agentstream.attempts", outcome.attempts)
                 if outcome.error is not None:
                     self._tracing.fail(span, f"{outcome.error_kind}: {outcome.error}"[:500])
             finally:
                 span.end()
         else:
-            outcome = unrecorded or await self._execute(tool, arguments, event, first)
+            outcome = unrecorded or await self._execute(tool, arguments, event, first, recorded=recorded)
         self._stopped.pop(event.step_id, None)
         if recorded:
             self._unrecorded[event.step_id] = outcome
@@ -200,10 +201,11 @@ class ToolService:
             await self._dead_letter(ctx, event, outcome.error or "")
 
     async def _execute(self, tool: Tool, arguments: dict[str, Any], event: ToolCallRequested,
-                       attempt: int = 1) -> Outcome:
+                       attempt: int = 1, *, recorded: bool = True) -> Outcome:
         """Run the tool, retrying retriable failures with backoff; never raises for the tool's errors,
-        only for an outage of this worker's database (the runtime waits it out and calls again)."""
-        if attempt > 1 and not tool.idempotent:
+        only for an outage of this worker's database (the runtime waits it out and calls again).
+        ``recorded``: the call has a ``tool_calls`` row, whose ``attempts`` counts the executions."""
+        if attempt > 1 and recorded:
             await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id, attempt)
         while True:
             context = ToolContext(event.run_id, event.step_id, self.pool, attempt=attempt,
@@ -234,7 +236,7 @@ class ToolService:
                      tool.max_attempts, reason, delay)
             await asyncio.sleep(delay)
             attempt += 1
-            if not tool.idempotent:
+            if recorded:
                 self._stopped[event.step_id] = attempt - 1  # if the update meets an outage: the next attempt
                 await self.pool.execute("UPDATE tool_calls SET attempts = $2 WHERE step_id = $1", event.step_id,
                                         attempt)

@@ -150,7 +150,6 @@ async def test_calls_the_run_did_not_ask_for_are_refused_and_its_real_call_runs_
     assert len(await _results(pipe, run_id)) == 1
 
 
-
 async def _handled(pipe, source: tuple[int, int], timeout: float = 20) -> None:
     """Wait until the tool service committed past the request at ``source``: it finished with it (the
     runtime commits an offset only after the record's outputs, a letter included, were acknowledged)."""
