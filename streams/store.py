@@ -12,12 +12,17 @@ function refuses it when another planner has taken the partition since (``Fenced
 data (a value PostgreSQL refuses) never fails the others' transitions: a batch that fails for its
 data is split until the failing transition is alone, and only that one raises ``TransitionRejected``.
 Text that PostgreSQL cannot store (NUL characters, lone surrogates) is replaced before it is sent.
+
+``AGENTSTREAM_HISTORY_CAPTURE`` (a file path): every batch document is also appended to that file, one
+JSON document a line — what ``bench/history_write.py`` replays to measure the history function. Off
+(one ``None`` check a batch) unless set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import re
 import time
 import uuid
@@ -213,6 +218,10 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+#: A file every batch document is appended to (for bench/history_write.py); unset: none.
+CAPTURE_ENV = "AGENTSTREAM_HISTORY_CAPTURE"
+
+
 class TransitionStore:
     """Reads go through ``pool``; batches are written on ``writer`` by at most ``flushers`` concurrent
     flushes (give the writer that many connections, kept warm so the function's plans stay cached).
@@ -228,6 +237,9 @@ class TransitionStore:
         self._active = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"batches": 0, "transitions": 0, "flush_s": 0.0}
+        capture = os.environ.get(CAPTURE_ENV)
+        # Line-buffered: a worker stopped by a signal loses no captured batch.
+        self._capture = open(capture, "a", buffering=1, encoding="utf-8") if capture else None
 
     async def load_state(self, run_id: str) -> str | None:
         """The run's state JSON, or None for a run never recorded."""
@@ -326,7 +338,10 @@ class TransitionStore:
                                  "result": c.result, "error": c.error, "completed_at": c.completed_at}
                                 for t in batch for c in t.steps_completed],
         }
-        raw = await self.writer.fetchval("SELECT agentstream_record_transitions($1::jsonb)::text", to_json(doc))
+        text = to_json(doc)
+        if self._capture is not None:
+            self._capture.write(text + "\n")
+        raw = await self.writer.fetchval("SELECT agentstream_record_transitions($1::jsonb)::text", text)
         result = orjson.loads(raw) if raw else {}
         return set(result.get("conflicts") or ()), set(result.get("fenced") or ())
 

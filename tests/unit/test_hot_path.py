@@ -126,3 +126,30 @@ def test_snapshot_interval_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
     monkeypatch.setenv("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", "-5")
     with pytest.raises(ConfigError, match="SNAPSHOT_INTERVAL"):
         Settings.load()
+
+
+async def test_history_capture_appends_each_batch_document(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """bench/history_write.py replays what ``AGENTSTREAM_HISTORY_CAPTURE`` collects: the very document
+    each batch sent, one a line; unset, nothing is written."""
+    from agentstream.streams import store as store_module
+
+    sent: list[str] = []
+
+    class Writer:  # stands in for the pool: the capture, not PostgreSQL, is under test here
+        async def fetchval(self, query: str, doc: str) -> str:
+            sent.append(doc)
+            return "{}"
+
+    run = store_module.RunRow(run_id="run-1", status="running", task="t", state={"k": "\x00"}, version=1,
+                              expected_version=None, step_count=0, answer=None, error_code=None, error=None,
+                              traceparent=None, submitted_at=datetime.now(UTC), updated_at=datetime.now(UTC),
+                              finished_at=None)
+    path = tmp_path / "history.jsonl"
+    monkeypatch.setenv(store_module.CAPTURE_ENV, str(path))
+    captured = store_module.TransitionStore(None, Writer())  # type: ignore[arg-type]
+    await captured.write(store_module.Transition(run=run))
+    await captured.write(store_module.Transition(run=dataclasses.replace(run, version=2, expected_version=1)))
+    assert path.read_text().splitlines() == sent and len(sent) == 2
+    monkeypatch.delenv(store_module.CAPTURE_ENV)
+    await store_module.TransitionStore(None, Writer()).write(store_module.Transition(run=run))  # type: ignore[arg-type]
+    assert len(path.read_text().splitlines()) == 2 and len(sent) == 3
