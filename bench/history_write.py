@@ -123,11 +123,11 @@ def backend_cpu_s(pid: int) -> float:
 async def create_scratch(database_url: str, leases: set[tuple[str, int, int]], runs: list[list[dict]],
                          copies: int) -> str:
     """A fresh, migrated scratch database with ``leases`` and ``copies`` copies of ``runs`` written
-    (under other ids, 50 transitions a call); its URL."""
+    (under other ids, 50 transitions a call); its URL. Dropped again when the benchmark ends."""
     base = database_url.rsplit("/", 1)[0]
+    await drop_scratch(database_url)
     admin = await asyncpg.connect(f"{base}/postgres")
     try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {SCRATCH}")
         await admin.execute(f"CREATE DATABASE {SCRATCH}")
     finally:
         await admin.close()
@@ -212,8 +212,17 @@ def main() -> None:
                                                "wall_ms_per_call": round(wall, 3),
                                                "rounds_cpu": [round(c, 3) for c, _ in values]}
         print(f"  {name:>16}  {k:>20}  {cpu:>26.3f}  {wall:>13.3f}")
+    asyncio.run(drop_scratch(status.database_url))
     if args.json:
         print(json.dumps({"runs": len(runs), "functions": report}))
+
+
+async def drop_scratch(database_url: str) -> None:
+    admin = await asyncpg.connect(f"{database_url.rsplit('/', 1)[0]}/postgres")
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {SCRATCH}")
+    finally:
+        await admin.close()
 
 
 def current_function() -> str:
