@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+from proc_cpu import cpu_seconds
 
 from agentstream.devstack.stack import DevStack
 from agentstream.streams import migrations
@@ -115,11 +116,6 @@ def regroup(runs: list[list[dict]], size: int) -> list[str]:
     return batches
 
 
-def backend_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def create_scratch(database_url: str, leases: set[tuple[str, int, int]], runs: list[list[dict]],
                          copies: int) -> str:
     """A fresh, migrated scratch database with ``leases`` and ``copies`` copies of ``runs`` written
@@ -155,12 +151,12 @@ async def replay(url: str, batches: list[str], function_sql: str) -> tuple[float
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         await conn.fetchval(CALL, batches[0])  # plans cached, as on a planner's warm connection
         transitions = sum(len(b["new_runs"]) + len(b["updates"]) for b in map(json.loads, batches[1:]))
-        cpu0, t0 = backend_cpu_s(pid), time.perf_counter()
+        cpu0, t0 = cpu_seconds([pid]), time.perf_counter()
         for batch in batches[1:]:
             result = json.loads(await conn.fetchval(CALL, batch))
             if result["conflicts"] or result["fenced"]:
                 raise RuntimeError(f"the replay was refused: {result}")
-        cpu1, t1 = backend_cpu_s(pid), time.perf_counter()
+        cpu1, t1 = cpu_seconds([pid]), time.perf_counter()
         return 1000 * (cpu1 - cpu0) / transitions, 1000 * (t1 - t0) / (len(batches) - 1)
     finally:
         await conn.close()

@@ -18,7 +18,7 @@ transition would) and CPU per transition of this process plus the broker (``/pro
 CPU, measured for 3 s before the rounds, is subtracted over each round's window), rounds alternating.
 Compare with ``bench/history_write.py``: the PostgreSQL commit the transaction would take off the path.
 
-    .venv/bin/python bench/kafka_txn.py [--sizes 1,13,50] [--batches 300] [--rounds 3] [--json]
+    .venv/bin/python bench/kafka_txn.py [--sizes 1,13,50] [--transitions 300] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -26,15 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from proc_cpu import cpu_seconds
 
 from agentstream.devstack.stack import DevStack
 
@@ -47,24 +46,17 @@ def broker_pids() -> list[int]:
     return [int(p) for p in out]
 
 
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 async def idle_rate() -> float:
     """The broker's CPU seconds per second with nothing sent to it (its controller, timers)."""
     pids = broker_pids()
-    c0, t0 = cpu_s(pids), time.perf_counter()
+    c0, t0 = cpu_seconds(pids), time.perf_counter()
     await asyncio.sleep(3)
-    return (cpu_s(pids) - c0) / (time.perf_counter() - t0)
+    return (cpu_seconds(pids) - c0) / (time.perf_counter() - t0)
 
 
 async def one_round(bootstrap: str, mode: str, size: int, batches: int, idle: float) -> tuple[float, float]:
-    """(median wall ms per batch, CPU ms per transition: this process + the broker)."""
+    """(median wall ms per batch, CPU ms per transition: this process + the broker) over ``batches``
+    batches of ``size`` transitions, on new topics."""
     out, state = f"txn-out-{uuid.uuid4().hex[:8]}", f"txn-state-{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -82,7 +74,7 @@ async def one_round(bootstrap: str, mode: str, size: int, batches: int, idle: fl
         cpu0 = started = 0.0
         for b in range(batches + 10):
             if b == 10:  # the first batches warm the connections and the coordinator up
-                cpu0, started = cpu_s(pids) + time.process_time(), time.perf_counter()
+                cpu0, started = cpu_seconds(pids) + time.process_time(), time.perf_counter()
             t0 = time.perf_counter()
             keys = [f"run-{b}-{i}".encode() for i in range(size)]
             if mode == "txn":
@@ -100,7 +92,7 @@ async def one_round(bootstrap: str, mode: str, size: int, batches: int, idle: fl
             if b >= 10:
                 walls.append((time.perf_counter() - t0) * 1000)
             await asyncio.sleep(0.002)  # idle between batches, as between a run's transitions
-        cpu = cpu_s(pids) + time.process_time() - cpu0 - idle * (time.perf_counter() - started)
+        cpu = cpu_seconds(pids) + time.process_time() - cpu0 - idle * (time.perf_counter() - started)
     finally:
         await producer.stop()
         await admin.delete_topics([out, state])
@@ -108,23 +100,27 @@ async def one_round(bootstrap: str, mode: str, size: int, batches: int, idle: fl
     return statistics.median(walls), 1000 * cpu / (batches * size)
 
 
-async def main(bootstrap: str, sizes: list[int], batches: int, rounds: int) -> dict[str, object]:
+async def main(bootstrap: str, sizes: list[int], transitions: int, rounds: int) -> dict[str, object]:
+    """Rounds of every size, acknowledged and transactional in turn; medians per mode and size."""
     results: dict[str, list[tuple[float, float]]] = {}
     idle = await idle_rate()
     for _ in range(rounds):
         for size in sizes:
             for mode in ("acks", "txn"):
-                n = max(20, batches // size)
-                results.setdefault(f"{mode}/{size}", []).append(await one_round(bootstrap, mode, size, n, idle))
-    return {"broker_idle_cpu_per_s": round(idle, 4)} | {key: {"wall_ms_per_batch": round(statistics.median(w for w, _ in v), 3),
-                  "cpu_ms_per_transition": round(statistics.median(c for _, c in v), 3),
-                  "rounds": [[round(w, 3), round(c, 3)] for w, c in v]} for key, v in results.items()}
+                batches = max(20, transitions // size)
+                results.setdefault(f"{mode}/{size}", []).append(await one_round(bootstrap, mode, size, batches, idle))
+    report: dict[str, object] = {"broker_idle_cpu_per_s": round(idle, 4)}
+    for key, values in results.items():
+        report[key] = {"wall_ms_per_batch": round(statistics.median(w for w, _ in values), 3),
+                       "cpu_ms_per_transition": round(statistics.median(c for _, c in values), 3),
+                       "rounds": [[round(w, 3), round(c, 3)] for w, c in values]}
+    return report
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,13,50", help="transitions per batch")
-    parser.add_argument("--batches", type=int, default=300, help="transitions per round and size (at least 20 batches)")
+    parser.add_argument("--transitions", type=int, default=300, help="per round and size (at least 20 batches)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -134,7 +130,7 @@ if __name__ == "__main__":
     except ImportError:
         pass
     kafka = DevStack().up().kafka
-    report = asyncio.run(main(kafka, [int(s) for s in args.sizes.split(",")], args.batches, args.rounds))
+    report = asyncio.run(main(kafka, [int(s) for s in args.sizes.split(",")], args.transitions, args.rounds))
     print(f"{'mode/transitions per batch':>28}  {'wall ms/batch':>14}  {'CPU ms/transition (client + broker)':>36}")
     for key, row in report.items():
         if not isinstance(row, dict):
