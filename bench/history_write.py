@@ -117,9 +117,10 @@ def regroup(runs: list[list[dict]], size: int) -> list[str]:
 
 
 async def create_scratch(database_url: str, leases: set[tuple[str, int, int]], runs: list[list[dict]],
-                         copies: int) -> str:
+                         copies: int) -> tuple[str, str]:
     """A fresh, migrated scratch database with ``leases`` and ``copies`` copies of ``runs`` written
-    (under other ids, 50 transitions a call); its URL. Dropped again when the benchmark ends."""
+    (under other ids, 50 transitions a call): its URL, and the migrations' definition of the function
+    (to restore it between variants' passes). Dropped again when the benchmark ends."""
     base = database_url.rsplit("/", 1)[0]
     await drop_scratch(database_url)
     admin = await asyncpg.connect(f"{base}/postgres")
@@ -137,9 +138,10 @@ async def create_scratch(database_url: str, leases: set[tuple[str, int, int]], r
             for batch in regroup(relabel(runs, f"fill{i}"), 50):
                 await conn.fetchval(CALL, batch)
         await conn.execute("VACUUM ANALYZE")
+        current: str = await conn.fetchval("SELECT pg_get_functiondef('agentstream_record_transitions'::regproc)")
     finally:
         await conn.close()
-    return f"{base}/{SCRATCH}"
+    return f"{base}/{SCRATCH}", current
 
 
 async def replay(url: str, batches: list[str], function_sql: str) -> tuple[float, float]:
@@ -189,12 +191,14 @@ def main() -> None:
                                          for doc in docs for lease in doc.get("leases", []))]
     sizes = [int(s) for s in args.sizes.split(",")]
     copies = -(-args.fill // len(runs))
-    url = asyncio.run(create_scratch(status.database_url, leases, runs, copies))
-    functions = {"current": current_function()} | {v.stem: v.read_text() for v in args.variant}
+    url, current = asyncio.run(create_scratch(status.database_url, leases, runs, copies))
+    functions = {"current": current} | {v.stem: v.read_text() for v in args.variant}
+    asyncio.run(replay(url, regroup(relabel(runs, "warm"), 1), current))  # not measured: the cache warms up
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for r in range(args.rounds):
         for k in sizes:
-            for name, sql in functions.items():
+            order = list(functions.items())
+            for name, sql in order if r % 2 == 0 else reversed(order):  # no function always goes first
                 batches = regroup(relabel(runs, f"r{r}k{k}{name}"), k)
                 results.setdefault((name, k), []).append(asyncio.run(replay(url, batches, sql)))
     print(f"{len(runs)} runs, {sum(len(r) for r in runs)} transitions captured, replayed after "
@@ -219,21 +223,6 @@ async def drop_scratch(database_url: str) -> None:
         await admin.execute(f"DROP DATABASE IF EXISTS {SCRATCH}")
     finally:
         await admin.close()
-
-
-def current_function() -> str:
-    """The migrations' latest definition of the function, to restore it between variants' passes."""
-    latest = ""
-    for migration in migrations.discover():
-        start = migration.sql.find("CREATE FUNCTION agentstream_record_transitions")
-        if start < 0:
-            start = migration.sql.find("CREATE OR REPLACE FUNCTION agentstream_record_transitions")
-        if start >= 0:
-            end = migration.sql.index("$$;", migration.sql.index("$$", migration.sql.index("AS $$", start) + 2)) + 3
-            latest = migration.sql[start:end].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    if not latest:
-        raise SystemExit("no migration defines agentstream_record_transitions")
-    return latest
 
 
 if __name__ == "__main__":

@@ -238,8 +238,9 @@ class TransitionStore:
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"batches": 0, "transitions": 0, "flush_s": 0.0}
         capture = os.environ.get(CAPTURE_ENV)
-        # Line-buffered: a worker stopped by a signal loses no captured batch.
-        self._capture = open(capture, "a", buffering=1, encoding="utf-8") if capture else None
+        # One unbuffered O_APPEND write a document: a worker stopped by a signal loses no captured batch,
+        # and the planners of a group capturing into one file never interleave their lines.
+        self._capture = os.open(capture, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if capture else None
 
     async def load_state(self, run_id: str) -> str | None:
         """The run's state JSON, or None for a run never recorded."""
@@ -340,7 +341,7 @@ class TransitionStore:
         }
         text = to_json(doc)
         if self._capture is not None:
-            self._capture.write(text + "\n")
+            os.write(self._capture, (text + "\n").encode())
         raw = await self.writer.fetchval("SELECT agentstream_record_transitions($1::jsonb)::text", text)
         result = orjson.loads(raw) if raw else {}
         return set(result.get("conflicts") or ()), set(result.get("fenced") or ())
