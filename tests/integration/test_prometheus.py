@@ -230,13 +230,27 @@ async def test_prometheus_fires_the_slow_step_alert_on_real_workers(settings, tm
             rules = await _get_json(http, f"{api}/api/v1/rules", type="alert")
 
             # every query of the Grafana dashboard runs on this Prometheus; the main panels show data
-            panels: dict[str, list[list[dict[str, Any]]]] = {}
-            for panel in json.loads(DASHBOARD.read_text())["panels"]:
-                for target in panel.get("targets", []):
-                    expr = target["expr"]
-                    for variable, value in GRAFANA_VARIABLES.items():
-                        expr = expr.replace(variable, value)
-                    panels.setdefault(panel["title"], []).append(await _query(http, api, expr))
+            async def dashboard() -> dict[str, list[list[dict[str, Any]]]]:
+                panels: dict[str, list[list[dict[str, Any]]]] = {}
+                for panel in json.loads(DASHBOARD.read_text())["panels"]:
+                    for target in panel.get("targets", []):
+                        expr = target["expr"]
+                        for variable, value in GRAFANA_VARIABLES.items():
+                            expr = expr.replace(variable, value)
+                        panels.setdefault(panel["title"], []).append(await _query(http, api, expr))
+                return panels
+
+            async def main_panels_with_data() -> dict[str, list[list[dict[str, Any]]]] | None:
+                panels = await dashboard()
+                return panels if all(any(panels.get(t, ())) for t in PANELS_WITH_DATA) else None
+
+            # rate() needs two scrapes of a series, and the run's RunCompleted counter first exists when
+            # the run ends: the alert can fire before its second scrape. Wait for it; on a timeout the
+            # assertions below name the panels without data.
+            try:
+                panels = await _until("the dashboard's main panels showing data", 30, main_panels_with_data)
+            except TimeoutError:
+                panels = await dashboard()
 
     finally:
         if prometheus is not None:
