@@ -65,7 +65,7 @@ from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover
 from agentstream.streams.telemetry.tracing import Tracing
-from agentstream.streams.topics import Topics
+from agentstream.streams.topics import Topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,8 +233,11 @@ def start_workers(settings: Settings, layout: str, log_dir: Path,
 
 
 async def wait_ready(settings: Settings, timeout: float = 60) -> None:
-    """Until a run completes end to end (every group joined, tools registered)."""
+    """Until a run completes end to end (every group joined, tools registered). The topics are created
+    here first: the client refuses to start on a broker that lacks them, and the workers, started a
+    moment ago, may not have made them yet (the benchmark exited before its report when they had not)."""
     deadline = time.monotonic() + timeout
+    await ensure_topics(settings.kafka_bootstrap, Topics.of(settings).specs())
     async with AgentClient(settings) as client:
         while True:
             try:
