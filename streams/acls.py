@@ -2,7 +2,7 @@
 
 Every service and the client authenticate as their own principal (``KafkaAuth``); with Kafka's
 ``StandardAuthorizer`` and ``allow.everyone.if.no.acl.found=false``, a principal may do only what an ACL
-allows. The ACLs are not written by hand: they follow from ``asyncapi.CHANNELS``, the one place that says
+allows. The ACLs are not written by hand: they follow from ``channels.CHANNELS``, the one place that says
 which party produces and consumes each topic, so a new topic or a new consumer changes both the contract
 document and the permissions. ``acl_bindings`` computes them; ``apply_acls`` creates them (idempotent:
 Kafka ignores an ACL that exists). docs/security.md has the resulting table.
@@ -32,7 +32,7 @@ from aiokafka.errors import for_code
 from aiokafka.protocol.admin import CreateAclsRequest_v1, DescribeAclsRequest
 from aiokafka.protocol.api import Request
 
-from agentstream.streams.asyncapi import CHANNELS, GROUPED
+from agentstream.streams.channels import CHANNELS, GROUPED
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.topics import Topics
 
@@ -124,6 +124,11 @@ def acl_bindings(topics: Topics, *, client: str = "client") -> list[AclBinding]:
         allow(service, Operation.READ, topics.group(service), Resource.GROUP)
     for who in PRINCIPALS:
         allow(who, Operation.DESCRIBE, READINESS_GROUP, Resource.GROUP)
+    # A planner's worker samples the inference backlog (streams/telemetry/backlog.py): the prompt tokens
+    # of the requests it published that the inference group has not committed yet. Without these, a
+    # planner with a metrics port logged GroupAuthorizationFailedError every sample (issue 37).
+    allow("planner", Operation.READ, topics.inference_requests)
+    allow("planner", Operation.DESCRIBE, topics.group("inference"), Resource.GROUP)
     # The alerting app: faust's group and changelog topics carry its application id; its lag check reads
     # every group's committed offsets and every topic's end offsets.
     app_id = f"{topics.prefix}agentstream-alerts"

@@ -3,9 +3,10 @@
 What comes from the code: the topics, their partitions, replicas and configs (``Topics.specs``), the
 consumer groups (``Topics.group``), the events (``EVENT_TYPES`` and the current ``schemas/*.avsc``,
 inlined as Avro payloads), the schema ids of the local registry (``LocalRegistry``), and the header
-names (the constants of the modules that write them). What is declared here, next to them: which events
-each topic carries and which parts of agentstream produce and consume it (``CHANNELS``; a unit test checks
-that it covers every topic of the catalogue and every event type).
+names (the constants of the modules that write them), and which events each topic carries and which parts
+of agentstream produce and consume it (``streams/channels.py``'s ``CHANNELS``, which the ACLs and the
+runtime's per-topic check read too; a unit test checks that it covers every topic of the catalogue and
+every event type).
 
 ``agentstream contract asyncapi --out docs/asyncapi.json`` writes it; ``tests/unit/test_contract.py``
 fails when the committed document differs from what this module builds. It is JSON (a YAML document
@@ -15,32 +16,17 @@ too): PyYAML is not among agentstream's dependencies. docs/contract.md explains 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from agentstream.streams import tracing
+from agentstream.streams.channels import CHANNELS, GROUPED, PARTIES, ChannelSpec
 from agentstream.streams.config import DEFAULT_KAFKA_PORT
 from agentstream.streams.dlq import REDRIVE_HEADER
 from agentstream.streams.events import (
-    AlertRaised,
-    ApprovalDecided,
     ClaimCheck,
-    DeadLetter,
     Event,
-    InferenceCompleted,
     InferenceRequested,
-    RetrievalCompleted,
-    RetrievalRequested,
-    RunCancelRequested,
-    RunCompleted,
-    RunFailed,
-    RunStateSnapshot,
-    TaskSubmitted,
-    TokenChunk,
-    ToolCallCompleted,
-    ToolCallRequested,
-    ToolRegistered,
 )
 from agentstream.streams.registry import LocalRegistry, full_name, schema_id
 from agentstream.streams.runtime import ROUTED_HEADER, SOURCE_HEADER, TYPE_HEADER
@@ -52,97 +38,6 @@ AVRO_SCHEMA_FORMAT = "application/vnd.apache.avro+json;version=1.9.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 #: The committed document, relative to the repository's root.
 DOCUMENT_PATH = "docs/asyncapi.json"
-
-RUN_KEY = "the run id, as raw UTF-8 bytes (no schema, no serializer framing)"
-
-#: The parts of agentstream (and the outside) that produce or consume topics.
-PARTIES: dict[str, str] = {
-    "client": "AgentClient and the `agentstream` CLI (submit, cancel, approve/deny, wait, stream)",
-    "planner": "the planner service (group `agentstream.planner`)",
-    "inference": "the inference service (group `agentstream.inference`)",
-    "tools": "the tool service (group `agentstream.tools`)",
-    "retrieval": "the retrieval service (group `agentstream.retrieval`)",
-    "replay": "`agentstream replay`: the re-run submits the task, and the recorded-results responder (groups "
-              "`agentstream.replay-{inference,tools,retrieval}`) answers requests, on the replay's own topic prefix",
-    "alerts": "the alerting app (services/alerts, faust-streaming)",
-    "dlq-cli": "`agentstream dlq` (list, show, re-drive)",
-    "foreign": "producers in other languages (Java, Go, Node, confluent-kafka, kcat): docs/contract.md",
-}
-#: Parties that consume through a consumer group named ``Topics.group(party)``.
-GROUPED = ("planner", "inference", "tools", "retrieval")
-
-
-@dataclass(frozen=True)
-class ChannelSpec:
-    """One topic: ``topic`` is the ``Topics`` property that names it."""
-
-    topic: str
-    events: tuple[type[Event], ...]
-    producers: tuple[str, ...]
-    consumers: tuple[str, ...]
-    description: str
-    key: str = RUN_KEY
-    #: Events over ``AGENTSTREAM_MAX_EVENT_BYTES`` may travel as a ClaimCheck (streams/claims.py): on the
-    #: topics whose events can grow (conversations, results) and whose readers redeem them.
-    claim_checks: bool = True
-    #: Sent while handling a record (``Context.emit``), so its events carry ``agentstream-source``.
-    emitted: bool = True
-    #: A record on another partition than its run's, or not keyed by its run id, is forwarded there
-    #: (``ServiceConfig.route_by_run``).
-    routed: bool = False
-    #: Read by a ServiceRunner, so a dead letter can be re-driven to it (``agentstream dlq redrive``).
-    redrivable: bool = False
-    #: Its grouped consumers read it through their service's consumer group (else: assigned, no group).
-    grouped: bool = True
-
-
-CHANNELS: tuple[ChannelSpec, ...] = (
-    ChannelSpec("tasks", (TaskSubmitted, RunCancelRequested, ApprovalDecided),
-                ("client", "replay", "foreign"), ("planner",),
-                "The intake: tasks, cancellations and approval decisions, keyed by run. The one topic other "
-                "producers write to.", claim_checks=False, emitted=False, routed=True, redrivable=True),
-    ChannelSpec("inference_requests", (InferenceRequested,), ("planner",), ("inference", "replay"),
-                "Model calls the planner asks for.", redrivable=True),
-    ChannelSpec("inference_results", (InferenceCompleted,), ("inference", "replay"), ("planner", "alerts"),
-                "Model replies.", routed=True, redrivable=True),
-    ChannelSpec("tokens", (TokenChunk,), ("inference",), ("client",),
-                "Generated text as it is made (AgentClient.stream).", claim_checks=False),
-    ChannelSpec("retrieval_requests", (RetrievalRequested,), ("planner", "tools"), ("retrieval", "replay"),
-                "Searches: a run's retrieval steps, its speculative prefetch (`{run_id}:prefetch`) and "
-                "tools' own searches (`{tool step}/retrieve`).", redrivable=True),
-    ChannelSpec("retrieval_results", (RetrievalCompleted,), ("retrieval", "replay"), ("planner", "tools"),
-                "Passages found.", routed=True, redrivable=True),
-    ChannelSpec("tool_requests", (ToolCallRequested,), ("planner",), ("tools", "replay"),
-                "Tool calls the model asked for (after approval when the tool needs it).", redrivable=True),
-    ChannelSpec("tool_results", (ToolCallCompleted,), ("tools", "replay"), ("planner", "alerts"),
-                "Tool results and errors.", routed=True, redrivable=True),
-    ChannelSpec("runs", (RunStateSnapshot,), ("planner",), (),
-                "The latest state of every run (compacted), for anyone to read: its final state and a state that waits "
-                "for approval at once; a running run's at most once per AGENTSTREAM_SNAPSHOT_INTERVAL_MS (1 s)."),
-    ChannelSpec("outcomes", (RunCompleted, RunFailed), ("planner",), ("client", "inference"),
-                "How each run ended: what clients wait for (the inference service stops generations of runs "
-                "that ended).", claim_checks=False),
-    ChannelSpec("dlq", (DeadLetter,), ("planner", "inference", "tools", "retrieval", "replay"), ("dlq-cli",),
-                "Records a service gave up on, with the reason (docs/operations.md, \"Dead letters\").",
-                key="the run id when it is known, else empty (raw UTF-8)", claim_checks=False, emitted=False),
-    ChannelSpec("alerts", (AlertRaised,), ("alerts",), (),
-                "Thresholds crossed: slow steps, tool failure rates, consumer lag.",
-                key="the alert's subject (a tool, a model, `group/topic`), raw UTF-8", claim_checks=False,
-                emitted=False),
-    ChannelSpec("tools", (ToolRegistered,), ("tools",), ("client", "planner", "tools"),
-                "The tools workers serve (compacted: every distinct registration; readers take each tool's highest "
-                "version, and refuse a lower one or a conflicting one of the same version), read whole by submit, "
-                "the planner and the tool service (which refuses to register a downgrade).", key="`{name}@{version}:{metadata digest}` (records from before versions: the tool's "
-                "name), raw UTF-8", claim_checks=False, emitted=False),
-    ChannelSpec("schemas", (), ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "foreign"),
-                ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "dlq-cli"),
-                "The Avro schemas processes write with (compacted, one partition), without a schema registry: "
-                "each process publishes its schemas before it writes with them, and a reader that meets a "
-                "schema id it does not know reads this topic to its end (a rolling upgrade: docs/upgrades.md). "
-                "Not used with a schema registry.",
-                key="the schema id (as in the values' header), ASCII decimal", claim_checks=False, emitted=False,
-                grouped=False),
-)
 
 #: The one message of the schemas channel (JSON, not Avro: it carries the Avro schemas).
 SCHEMA_MESSAGE = "Schema"

@@ -38,8 +38,10 @@ from agentstream.streams.kinds import (
     Severity,
     ToolErrorKind,
 )
-from agentstream.streams.task_rules import event_id_problem
+from agentstream.streams.task_rules import MAX_RUN_ID_CHARS, event_id_problem, run_id_problem
 
+#: A step id is its run id and a suffix (``:12:model``, ``/retrieve``): bounded like the run id, with room.
+MAX_STEP_ID_CHARS = MAX_RUN_ID_CHARS + 100
 _EVENT_NS = uuid.UUID("6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11")
 _EVENT_NS_BYTES = _EVENT_NS.bytes
 
@@ -129,10 +131,13 @@ class Event:
         id_problem = event_id_problem(self.event_id)
         if id_problem:
             return id_problem
-        if not self.run_id:
-            return "run_id is empty"
+        run_problem = run_id_problem(self.run_id)
+        if run_problem:  # every event is keyed, stored and logged by its run id: bounded everywhere
+            return run_problem
         if not self.step_id:
             return "step_id is empty"
+        if len(self.step_id) > MAX_STEP_ID_CHARS:
+            return f"the step id is {len(self.step_id)} characters; the limit is {MAX_STEP_ID_CHARS}"
         if self.attempt < 0:
             return "attempt is negative"
         return None

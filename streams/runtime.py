@@ -9,8 +9,10 @@ Guarantees (see docs/architecture.md):
 - records with the same key (a run) are handled one after another, others in parallel, at most
   ``concurrency`` at a time; past ``max_in_flight`` records the runtime pauses fetching;
 - a record that cannot be decoded or is invalid, or whose handler fails for good, goes to the
-  dead-letter topic with the reason, and the service carries on; a schema id this process does not know
-  is first looked up in the schemas topic (``streams/schema_log.py``: another release's schema);
+  dead-letter topic with the reason, and the service carries on; so does an event its topic does not
+  carry (``streams/channels.py``: a model reply on the intake is refused, whoever may write the
+  intake); a schema id this process does not know is first looked up in the schemas topic
+  (``streams/schema_log.py``: another release's schema);
 - an outage is not a failure (``streams/outages.py``): a handler that fails because PostgreSQL, the
   broker or the model server is unreachable is retried with capped backoff for as long as the outage
   lasts, with its partition paused, and readiness says so; attempts made while the dependency's probe
@@ -54,6 +56,7 @@ from aiokafka.structs import RecordMetadata
 
 from agentstream.streams import tracing
 from agentstream.streams.assignor import copartitioned
+from agentstream.streams.channels import accepted_events, refusal
 from agentstream.streams.claims import ClaimStore, EventTooLarge
 from agentstream.streams.codec import Codec, DecodeError
 from agentstream.streams.config import Settings
@@ -237,7 +240,14 @@ class Runtime:
         if self.claims is None:
             raise EventTooLarge(f"{event.event_type} {event.step_id} came as a claim check and this process "
                                 "has no database to read it from")
-        return await self.codec.decode_async(await self.claims.redeem(event), raise_outages=True)
+        redeemed = await self.codec.decode_async(await self.claims.redeem(event), raise_outages=True)
+        if (redeemed.schema_name, redeemed.event_id, redeemed.run_id) != (event.event_type, event.event_id,
+                                                                         event.run_id):
+            # The topic's check judged the claim by the type it names: the body must be that event.
+            raise DecodeError("invalid", f"claim check {event.event_id} of {event.run_id} names a "
+                                         f"{event.event_type}, its body is {type(redeemed).__name__} "
+                                         f"{redeemed.event_id} of another run or step")
+        return redeemed
 
 
 @dataclass
@@ -388,6 +398,8 @@ class ServiceRunner:
         self._stages = stages.clock()
         self._metrics: ServiceMetrics | None = (
             runtime.metrics.service(config.name, lambda: self.tracker.in_flight) if runtime.metrics else None)
+        #: The events each topic of the contract carries (``streams/channels.py``): anything else is refused.
+        self._accepted = accepted_events(runtime.topics)
 
     @property
     def joined(self) -> bool:
@@ -556,6 +568,13 @@ class ServiceRunner:
         if clock is not None:
             clock.since(f"{self.config.name}.decode", started)
         if event is None:
+            return
+        refused = refusal(self._accepted, record.topic, event)
+        if refused is not None:
+            # Not remembered as handled: a forgery may borrow the id of a real event still to come.
+            log.warning("%s: %s[%d]@%d refused: %s", self.config.name, record.topic, record.partition, record.offset,
+                        refused)
+            await self._dead_letter(record, value, "refused", refused, run_id=event.run_id)
             return
         if event.event_id in self.dedup:
             self.stats["duplicates"] += 1

@@ -159,7 +159,22 @@ class Planner:
                 return
             except VersionConflict:  # recorded before (a redelivery after a restart)
                 state = await self._load(task.run_id)
+                if state is None:  # the id is taken by a run of another pipeline (``_load``)
+                    await self._refuse_taken(task, ctx)
+                    return
         await self._transition(state, None, ctx, task)
+
+    async def _refuse_taken(self, task: TaskSubmitted, ctx: Context) -> None:
+        """``task`` names a run id another pipeline (a tenant's cell) already holds: its producer is told
+        with a ``RunFailed(invalid_task)`` on this cell's outcomes, and nothing is recorded (the row is the
+        other cell's). Without it, the producer would wait for an outcome that never comes (issue 37,
+        finding 9). Deterministic ids: a redelivered task repeats the same event, which readers drop."""
+        now = datetime.now(UTC)
+        state = machine.fail(machine.start(task, [], now, self.max_run), now, "invalid_task",
+                             f"the run id {task.run_id!r} is taken by a run of another cell; submit under "
+                             "another run id")
+        log.warning("planner: a task for %s refused: the run id belongs to another pipeline", task.run_id)
+        await self._publish(machine.outputs(state, self.runtime.topics, snapshot=False), state, ctx)
 
     async def _start(self, task: TaskSubmitted, ctx: Context) -> None:
         """A new run. Its row is inserted without looking first: a run id that exists makes the

@@ -132,6 +132,8 @@ def test_least_privilege_for_the_client_and_the_tool_service():
     assert ("READ", topics.tokens) in client
     assert not any(name in (topics.tool_requests, topics.tool_results, topics.inference_requests)
                    for _op, name in client)
+    # Issue 37, finding 2: schemas decide how records are read; only the services publish them.
+    assert ("WRITE", topics.schemas) not in client and ("READ", topics.schemas) in client
     tools = _rights("tools", topics)
     assert {name for op, name in tools if op == "WRITE"} == {
         topics.tool_results, topics.retrieval_requests, topics.dlq, topics.tools, topics.schemas}
