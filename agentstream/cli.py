@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agentstream.approvals_cli import register as register_approvals
 from agentstream.replay.cli import app as replay_app
 from agentstream.streams.errors import AgentStreamError
 from agentstream.streams.extras import missing_extra
@@ -160,61 +161,7 @@ def submit(
         raise typer.Exit(1)
 
 
-@app.command()
-def approve(run_id: str, step_id: str, reason: str = typer.Option("", help="Recorded with the decision."),
-            by: str = typer.Option("", help="Who decided (with AGENTSTREAM_APPROVALS=recorded: the database "
-                                            "login, whatever this says).")) -> None:
-    """Let a tool call that waits for approval run (see `agentstream approvals`)."""
-    _decide(run_id, step_id, True, reason, by)
-
-
-@app.command()
-def deny(run_id: str, step_id: str, reason: str = typer.Option("", help="Told to the model."),
-         by: str = typer.Option("", help="Who decided (as for approve).")) -> None:
-    """Refuse a tool call that waits for approval; the model is told why."""
-    _decide(run_id, step_id, False, reason, by)
-
-
-def _decide(run_id: str, step_id: str, approved: bool, reason: str, by: str) -> None:
-    import asyncio
-
-    from agentstream.streams.client import AgentClient
-    from agentstream.streams.config import use_database_login
-
-    use_database_login("approver")  # on the local secure stack: its approver login (docs/security.md)
-
-    async def go() -> None:
-        async with AgentClient() as client:
-            await (client.approve if approved else client.deny)(run_id, step_id, reason, by)
-
-    try:
-        asyncio.run(go())
-    except AgentStreamError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from None
-    console.print(f"{'approved' if approved else 'denied'}: {run_id} {step_id}")
-
-
-@app.command()
-def approvals(as_json: bool = typer.Option(False, "--json", help="Print one JSON array.")) -> None:
-    """Tool calls waiting for a person's approval."""
-    import asyncio
-
-    from agentstream.streams.client import AgentClient
-
-    async def go() -> list[dict]:
-        async with AgentClient() as client:
-            return await client.awaiting_approval()
-
-    waiting = asyncio.run(go())
-    if as_json:
-        print(json.dumps(waiting, default=str))
-        return
-    table = Table("run", "step", "tool", "arguments", "waiting since")
-    for w in waiting:
-        table.add_row(w["run_id"], w["step_id"], w.get("tool", ""), json.dumps(w.get("arguments", {})),
-                      str(w["since"]))
-    console.print(table if waiting else "no tool call is waiting for approval")
+register_approvals(app)  # approve, deny, approvals: agentstream/approvals_cli.py
 
 
 @app.command()
@@ -252,11 +199,19 @@ def ingest(
 
 
 @app.command()
-def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """A run's status and steps (from PostgreSQL)."""
+def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+           operator: bool = typer.Option(False, "--operator", help="Read as the operator's reader: any cell's "
+                                                                   "run (local secure stack; docs/security.md).")
+           ) -> None:
+    """A run's status and steps (from PostgreSQL; a client's login sees its own cell's runs only)."""
     import asyncio
 
+    from agentstream.approvals_cli import OPERATOR_READER
     from agentstream.streams.client import AgentClient
+    from agentstream.streams.config import use_database_login
+
+    if operator:
+        use_database_login(OPERATOR_READER)
 
     async def go() -> Mapping[str, Any] | None:
         async with AgentClient() as client:
@@ -264,7 +219,8 @@ def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Prin
 
     details = asyncio.run(go())
     if details is None:
-        err.print(f"[red]error:[/red] no run {run_id}")
+        err.print(f"[red]error:[/red] no run {escape(run_id)}" + ("" if operator else " that this login may read "
+                                                                  "(--operator: any cell's)"), soft_wrap=True)
         raise typer.Exit(2)
     if as_json:
         print(json.dumps(details, default=str))

@@ -22,15 +22,17 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.streams import task_rules, tracing
+from agentstream.streams.approvals import NOT_AWAITING_APPROVAL, Decision, NotAwaitingApproval
 from agentstream.streams.codec import DecodeError, codec_for
 from agentstream.streams.config import Settings
 from agentstream.streams.errors import AgentStreamError, Unavailable
@@ -141,7 +143,13 @@ class AgentClient:
             raise
         await self.runtime.start()
         if self.topics.schemas not in missing:  # missing: the workers predate it, and cannot read it anyway
-            await self.runtime.publish_schemas()  # before the first submit: workers of other versions read it
+            try:  # before the first submit: workers of other versions read it
+                await self.runtime.publish_schemas()
+            except TopicAuthorizationFailedError:
+                # A secure stack lets only the services publish schemas (streams/channels.py): this client
+                # writes with schemas they know, and is upgraded after them (docs/upgrades.md).
+                log.debug("not allowed to publish schemas to %s; writing with the services' schemas",
+                          self.topics.schemas)
 
     async def close(self) -> None:
         if self._watcher is not None:
@@ -216,33 +224,53 @@ class AgentClient:
                                          reason=reason, requested_by="client")
         await (await self.runtime.send(self.topics.tasks, event))
 
-    async def approve(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> None:
-        """Let the tool call waiting at ``step_id`` run."""
-        await self._decide(run_id, step_id, True, reason, by)
+    async def approve(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> Decision:
+        """Let the tool call waiting at ``step_id`` run. Returns the decision that holds (``Decision``:
+        an earlier denial stands over this approval)."""
+        return await self._decide(run_id, step_id, True, reason, by)
 
-    async def deny(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> None:
-        """Refuse the tool call waiting at ``step_id``; the model is told, with the reason."""
-        await self._decide(run_id, step_id, False, reason, by)
+    async def deny(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> Decision:
+        """Refuse the tool call waiting at ``step_id``; the model is told, with the reason. Returns the
+        decision that holds (``Decision``: an earlier approval stands over this denial)."""
+        return await self._decide(run_id, step_id, False, reason, by)
 
-    async def _decide(self, run_id: str, step_id: str, approved: bool, reason: str, by: str) -> None:
+    async def _decide(self, run_id: str, step_id: str, asked: bool, reason: str, by: str) -> Decision:
         """With ``approvals = recorded`` the decision is first recorded under this client's own database
         login (``agentstream_decide``: who decided is the login, ``by`` is ignored; the first decision on a
-        step stands), then announced; the planner acts on the record. With ``open``, announced only."""
+        step stands; a step the run does not wait at is refused), then the decision that stands is
+        announced; the planner acts on the record. With ``open``, announced only."""
+        decision = Decision(run_id=run_id, step_id=step_id, asked=asked, approved=asked, reason=reason,
+                            decided_by=by or "client", decided_at=None, recorded=False)
         if self.settings.approvals == "recorded":
-            with _database():
-                try:
-                    row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
-                                                             run_id, step_id, approved, reason)
-                except asyncpg.InsufficientPrivilegeError:
-                    row = None  # not granted the function: not an approver
-            if row is None:
-                login = urlsplit(self.settings.database_url).username or "?"
-                raise NotAnApprover(f"the database login {login!r} may not decide on tool calls: an approver's "
-                                    "login (a member of agentstream_approver) records decisions")
-            approved, reason, by = bool(row["approved"]), str(row["reason"]), str(row["decided_by"])
-        event = ApprovalDecided.build(run_id=run_id, step=step_id, service="client", approved=approved,
-                                      reason=reason, decided_by=by or "client")
+            decision = await self._record(decision)
+        event = ApprovalDecided.build(run_id=run_id, step=step_id, service="client", approved=decision.approved,
+                                      reason=decision.reason, decided_by=decision.decided_by)
         await (await self.runtime.send(self.topics.tasks, event))
+        return decision
+
+    async def _record(self, asked: Decision) -> Decision:
+        """``agentstream_decide``: the decision recorded on the step, by this call or an earlier one."""
+        login = urlsplit(self.settings.database_url).username or "?"
+        with _database():
+            try:
+                row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
+                                                         asked.run_id, asked.step_id, asked.asked, asked.reason)
+            except asyncpg.InsufficientPrivilegeError:
+                row = None  # not granted the function: not an approver
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != NOT_AWAITING_APPROVAL:
+                    raise
+                raise NotAwaitingApproval(f"{exc.message}: nothing was recorded "
+                                          "(`agentstream approvals` lists the calls waiting)") from None
+        if row is None:
+            raise NotAnApprover(f"the database login {login!r} may not decide on this tool call: an approver's "
+                                "login (a member of agentstream_approver, or a tenant's approver for its own "
+                                "runs) records decisions")
+        # decided_now: migration 0015; before it the function did not say (guessed from who decided).
+        now = row["decided_now"] if "decided_now" in row.keys() else str(row["decided_by"]) == login
+        return replace(asked, approved=bool(row["approved"]), reason=str(row["reason"]),
+                       decided_by=str(row["decided_by"]), decided_at=row.get("decided_at"), recorded=True,
+                       earlier=not now)
 
     async def awaiting_approval(self) -> list[dict[str, Any]]:
         """Runs paused on a tool call that needs approval: run id, step id, tool, arguments, since when."""

@@ -18,6 +18,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,11 +29,17 @@ from fastavro.types import Schema
 from agentstream.streams import resources
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.schema_guard import MAX_SCHEMA_BYTES, SchemaRefused, check_writer
 
 #: fastavro's parsed schema (for a record: a dict with fastavro's own annotations).
 Parsed = Schema
 #: A schema as written in a ``.avsc`` file (a JSON object).
 RawSchema = dict[str, Any]
+
+
+#: Schemas a process learns from the schemas topic at most. A rolling upgrade brings a version or two of a
+#: few events; a flood of distinct compatible versions would otherwise grow a reader's memory without end.
+MAX_LEARNT = 1000
 
 
 class UnknownSchema(AgentStreamError):
@@ -69,6 +76,8 @@ class LocalRegistry:
         self._by_id: dict[int, Parsed] = {}
         self._current: dict[str, tuple[int, Parsed]] = {}
         self._raw: dict[str, RawSchema] = {}
+        #: Schemas learnt from elsewhere (``learn``), bounded by ``MAX_LEARNT``.
+        self.learnt = 0
         for path in sorted(self.directory.glob("*.avsc")):
             self._add(json.loads(path.read_text()), current=True, origin=path)
         for path in sorted((self.directory / "history").glob("*.avsc")):
@@ -93,16 +102,39 @@ class LocalRegistry:
 
     def learn(self, raw: RawSchema) -> int:
         """Know ``raw`` as a writer schema (not a current one: this process keeps writing with its own);
-        return its id. Raises ``UnknownSchema`` when it does not parse or is not a named record."""
+        return its id. Raises ``UnknownSchema`` when it does not parse, or when a reader may not learn it
+        (``streams/schema_guard.py``: not a compatible version of one of this process's events, or a
+        schema whose records could cost more to decode than their size)."""
+        size = len(json.dumps(raw))
+        if size > MAX_SCHEMA_BYTES:
+            raise UnknownSchema(f"refused: the schema is {size} bytes; the limit is {MAX_SCHEMA_BYTES}")
         try:
             sid = schema_id(raw)
             parsed = fastavro.parse_schema(raw)
         except Exception as exc:  # fastavro raises many types for a schema it cannot parse
             raise UnknownSchema(f"not an Avro schema: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(parsed, dict) or parsed.get("type") != "record":
-            raise UnknownSchema("not a record schema")
-        self._by_id.setdefault(sid, parsed)
+        if sid not in self._by_id:
+            if self.full:
+                raise UnknownSchema(f"refused: {self.learnt} schemas were learnt already, the limit is {MAX_LEARNT} "
+                                    "(a release has a few versions of each event: this is a flood; restart the "
+                                    "process once the topic is cleaned up)")
+            self._by_id[sid] = _guarded(parsed, self._current_schema, size)
+            self.learnt += 1
         return sid
+
+    @property
+    def full(self) -> bool:
+        """No more schemas are learnt (``MAX_LEARNT``)."""
+        return self.learnt >= MAX_LEARNT
+
+    def reader_name(self, raw: RawSchema) -> str | None:
+        """The full name of the record ``raw`` defines, if this process has a current schema of it."""
+        name = full_name(raw)
+        return name if name in self._current else None
+
+    def _current_schema(self, name: str) -> Parsed | None:
+        current = self._current.get(name)
+        return current[1] if current is not None else None
 
     def id_for(self, name: str) -> int:
         try:
@@ -130,6 +162,19 @@ class LocalRegistry:
         return dict(self._raw)
 
 
+def _guarded(parsed: Parsed, current: Callable[[str], Parsed | None], size: int, sid: int | None = None) -> Parsed:
+    """``parsed``, if a reader may learn it (``streams/schema_guard.py``: a compatible version of one of its
+    events, nothing that makes decoding cost more than a record's size); else ``UnknownSchema`` saying why."""
+    if not isinstance(parsed, dict):
+        raise UnknownSchema("not a record schema")
+    try:
+        reader = current(str(parsed.get("name")))
+        check_writer(parsed, reader if isinstance(reader, dict) else None, size=size)
+    except SchemaRefused as exc:
+        raise UnknownSchema(f"{'schema ' + str(sid) + ': ' if sid is not None else ''}refused: {exc}") from exc
+    return parsed
+
+
 class HttpRegistry:
     """A Confluent-compatible registry: our current schemas are registered (idempotent) at start-up;
     ids seen in data but not yet known are fetched once and cached."""
@@ -141,6 +186,8 @@ class HttpRegistry:
         self._lock = threading.Lock()
         self._ids: dict[str, int] = {}
         self._by_id: dict[int, Parsed] = {}
+        #: Ids whose schemas were refused (streams/schema_guard.py), with why.
+        self._refused: dict[int, str] = {}
         for name, raw in self.local.raw_current().items():
             sid = int(self._request("POST", f"/subjects/{name}/versions", {"schema": json.dumps(raw)})["id"])
             self._ids[name] = sid
@@ -171,11 +218,21 @@ class HttpRegistry:
         cached = self._by_id.get(schema_id)
         if cached is not None:
             return cached
+        refused = self._refused.get(schema_id)
+        if refused is not None:  # asked once: a record written with it costs no request
+            raise UnknownSchema(refused)
         with self._lock:
-            raw = json.loads(self._request("GET", f"/schemas/ids/{schema_id}")["schema"])
-            parsed = fastavro.parse_schema(raw)
-            self._by_id[schema_id] = parsed
-            return parsed
+            text = self._request("GET", f"/schemas/ids/{schema_id}")["schema"]
+            try:
+                try:
+                    parsed = fastavro.parse_schema(json.loads(text))
+                except Exception as exc:  # fastavro raises many types for a schema it cannot parse
+                    raise UnknownSchema(f"schema {schema_id}: not an Avro schema: {type(exc).__name__}: {exc}") from exc
+                self._by_id[schema_id] = _guarded(parsed, self.local._current_schema, len(text), schema_id)
+            except UnknownSchema as exc:
+                self._refused[schema_id] = str(exc)
+                raise
+            return self._by_id[schema_id]
 
     def reader_schema(self, name: str) -> Parsed:
         return self.local.reader_schema(name)

@@ -31,9 +31,19 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.registry import LocalRegistry, RawSchema, UnknownSchema, full_name, schema_id
+from agentstream.streams.registry import (
+    MAX_LEARNT,
+    LocalRegistry,
+    RawSchema,
+    UnknownSchema,
+    full_name,
+    schema_id,
+)
+from agentstream.streams.schema_guard import MAX_SCHEMA_BYTES
 
 log = logging.getLogger(__name__)
+#: Records learnt between two yields to the event loop during a read.
+READ_BATCH = 2000
 
 
 def encode_schema(raw: RawSchema) -> tuple[bytes, bytes]:
@@ -91,6 +101,13 @@ class SchemaLog:
         return self.registry.knows(sid)
 
     async def _read(self) -> None:
+        """Read the topic from where the last read stopped up to its end as it is now, learning schemas.
+
+        The position moves with every record (a read cut short resumes where it stopped), and the
+        timeout is on silence, not on the whole read: a broker that sends nothing for ``timeout_s`` is
+        an outage (the runtime waits it out), while a topic flooded with millions of junk records is
+        read through at the pace of the fetches, once per process (issue 37, finding 3: a timeout on
+        the whole read, with the position kept only on success, made a flood an endless outage)."""
         consumer = await self._started_consumer()
         if consumer is None:
             return
@@ -99,14 +116,25 @@ class SchemaLog:
             return
         self.reads += 1
         consumer.seek(self._tp, self._position)
-        deadline = time.monotonic() + self.timeout_s
-        while (position := await consumer.position(self._tp)) < end:
-            if time.monotonic() > deadline:
-                raise KafkaTimeoutError(f"reading {self.topic} up to offset {end} took over {self.timeout_s:g} s "
-                                        f"(at {position})")
-            for msg in (await consumer.getmany(self._tp, timeout_ms=200)).get(self._tp, []):
-                self._learn(msg.key, msg.value, msg.offset)
-        self._position = position
+        skipped = _Skipped(self.topic)
+        try:
+            quiet_since = time.monotonic()
+            while self._position < end:
+                batch = (await consumer.getmany(self._tp, timeout_ms=200, max_records=READ_BATCH)).get(self._tp, [])
+                if not batch:
+                    if time.monotonic() - quiet_since > self.timeout_s:
+                        raise KafkaTimeoutError(f"{self.topic} sent nothing for {self.timeout_s:g} s while read up to "
+                                                f"offset {end} (at {self._position})")
+                    continue
+                quiet_since = time.monotonic()
+                for msg in batch:
+                    problem = self._learn(msg.key, msg.value)
+                    if problem is not None:
+                        skipped.add(msg.offset, problem)
+                    self._position = msg.offset + 1
+                await asyncio.sleep(0)  # a long read shares the event loop with the records being handled
+        finally:
+            skipped.report()
 
     async def _started_consumer(self) -> AIOKafkaConsumer | None:
         """The topic's consumer, or None when the topic does not exist (no process that publishes
@@ -127,29 +155,41 @@ class SchemaLog:
         self._consumer = consumer
         return consumer
 
-    def _learn(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+    def _learn(self, key: bytes | None, value: bytes | None) -> str | None:
+        """Learn the schema a record publishes; None when it was one (or a tombstone), else why it was
+        skipped. The cheap checks come first, so junk costs little: only a value that names one of this
+        process's events is parsed as a schema."""
         if value is None:
-            return  # a tombstone: nothing to learn (a schema once published stays decodable here)
+            return None  # a tombstone: nothing to learn (a schema once published stays decodable here)
+        if key is None or not (0 < len(key) <= 10 and key.isdigit()):
+            return "the key is not a schema id"
+        if len(value) > MAX_SCHEMA_BYTES:
+            return f"{len(value)} bytes, over the {MAX_SCHEMA_BYTES}-byte limit of a schema"
+        if self.registry.knows(int(key)):
+            return None  # known: its key is its id (checked when it was learnt)
+        if self.registry.full:  # a flood of distinct versions: the rest is not even parsed
+            return f"schema {key.decode()}: not learnt, {MAX_LEARNT} schemas were learnt already"
         try:
             raw = json.loads(value)
-            if not isinstance(raw, dict):
-                raise UnknownSchema("not a JSON object")
+        except ValueError:
+            return "not JSON"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            return "not a named schema"
+        try:
+            if self.registry.reader_name(raw) is None:
+                return f"{raw['name'][:80]!r} is not an agentstream event"
             sid = schema_id(raw)
-        except Exception as exc:  # bad JSON, or a schema fastavro cannot parse (it raises many types)
-            log.warning("%s@%d: not a schema, skipped (%s: %s)", self.topic, offset, type(exc).__name__, exc)
-            return
+        except Exception as exc:  # a schema fastavro cannot parse (it raises many types)
+            return f"not a schema ({type(exc).__name__}: {str(exc)[:200]})"
         if key != str(sid).encode():
-            log.warning("%s@%d: key %r is not the id of its schema (%d), skipped", self.topic, offset, key, sid)
-            return
-        if self.registry.knows(sid):
-            return
+            return f"key {key.decode()} is not the id of its schema ({sid})"
         try:
             self.registry.learn(raw)
         except UnknownSchema as exc:
-            log.warning("%s@%d: schema %d skipped: %s", self.topic, offset, sid, exc)
-            return
+            return f"schema {sid}: {exc}"
         self.learnt += 1
         log.info("learnt schema %d (%s) from %s", sid, full_name(raw), self.topic)
+        return None
 
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -157,4 +197,25 @@ class SchemaLog:
             await consumer.stop()
 
 
-__all__ = ["SchemaLog", "encode_schema"]
+class _Skipped:
+    """The records a read skipped: the first few logged with their reason, the rest counted and summed up
+    once at the end of the read, so a flood of junk costs one line per read, not one per record."""
+
+    LOGGED = 5
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.count = 0
+
+    def add(self, offset: int, problem: str) -> None:
+        self.count += 1
+        if self.count <= self.LOGGED:
+            log.warning("%s@%d: skipped, %s", self.topic, offset, problem)
+
+    def report(self) -> None:
+        if self.count > self.LOGGED:
+            log.warning("%s: %d more records skipped in this read (not schemas agentstream learns)", self.topic,
+                        self.count - self.LOGGED)
+
+
+__all__ = ["READ_BATCH", "SchemaLog", "encode_schema"]

@@ -27,6 +27,7 @@ from aiokafka.partitioner import murmur2
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import AgentStreamError
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.schema_guard import MAX_SCHEMA_BYTES
 
 if TYPE_CHECKING:
     from agentstream.streams.config import Settings
@@ -198,7 +199,9 @@ class Topics:
         specs.append(TopicSpec(self.dlq, 1, rf, {**_retention(30), **isr}))
         specs.append(TopicSpec(self.alerts, 1, rf, {**_retention(30), **isr}))  # few, and in one order
         specs.append(TopicSpec(self.tools, 1, rf, {"cleanup.policy": "compact", **isr}))  # read whole, from the start
-        specs.append(TopicSpec(self.schemas, 1, rf, {"cleanup.policy": "compact", **isr}))  # likewise
+        # Read whole, likewise; a record holds one schema, which readers refuse over MAX_SCHEMA_BYTES anyway.
+        specs.append(TopicSpec(self.schemas, 1, rf, {"cleanup.policy": "compact",
+                                                     "max.message.bytes": str(2 * MAX_SCHEMA_BYTES), **isr}))
         return specs
 
 

@@ -2,14 +2,16 @@
 
 Each Kafka principal of ``streams/acls.py`` (and the super user ``admin``) gets a random password in
 ``<state dir>/secrets/<name>.password``, each PostgreSQL login (``DATABASE_LOGINS``: the superuser that
-owns the schema, each service's, the read-only ``client`` and the ``approver``) one in
-``db-<login>.password``
-(directory 0700, files 0600), made once and kept across restarts.
+owns the schema, each service's, the read-only ``client``, the ``operator-reader`` and the
+``approver``) one in ``db-<login>.password`` (directory 0700, files 0600), made once and kept across
+restarts.
 A process on this machine finds its own there through the state file (``config.load_kafka_auth``); a
 process elsewhere is given the file (``AGENTSTREAM_KAFKA_PASSWORD_FILE``), never the password on a
 command line. The broker learns the clients' SCRAM credentials as salted hashes when its storage is
-formatted, so no password is on the formatting command's line either; only the super user's, used by
-the brokers among themselves (PLAIN), is in ``server.properties``, which is 0600.
+formatted; a salted password logs in as well as the password (SCRAM's client proof is made from it), so
+they reach the storage tool in a 0600 argument file (``devstack/kafka.py``), never on its command line,
+which any account can read in ``/proc``. Only the super user's password, used by the brokers among
+themselves (PLAIN), is in ``server.properties``, which is 0600.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from agentstream.streams.acls import ADMIN, PRINCIPALS, tenant_prefix, tenant_pr
 from agentstream.streams.kafka_auth import KafkaAuth
 
 _SERVICE_ROLES = ("agentstream_planner", "agentstream_tools", "agentstream_retrieval", "agentstream_inference")
-#: PostgreSQL logins of the secure stack and the roles they are members of (migrations 0011 and 0012):
-#: the superuser (owner of the schema: migrations, ingest, replays, dead letters), each service's own
-#: (``worker`` runs all four), the client's read-only one and an approver.
+#: PostgreSQL logins of the secure stack and the roles they are members of (migrations 0011, 0012 and
+#: 0015): the superuser (owner of the schema: migrations, ingest, replays, dead letters), each service's
+#: own (``worker`` runs all four), the client's read-only one (the default cell's runs only), the
+#: operator's reader (every cell's runs: ``agentstream status --operator``; never a client's) and the
+#: operator's approver.
 DATABASE_LOGINS: dict[str, tuple[str, ...]] = {
-    "postgres": (), "client": ("agentstream_reader",), "approver": ("agentstream_approver",),
+    "postgres": (), "client": ("agentstream_reader",), "operator-reader": ("agentstream_operator_reader",),
+    "approver": ("agentstream_approver",),
     **{role.removeprefix("agentstream_"): (role,) for role in _SERVICE_ROLES}, "worker": _SERVICE_ROLES}
 SCRAM_ITERATIONS = 8192
 PROTOCOL = "SASL_PLAINTEXT"
@@ -91,7 +96,8 @@ class StackSecrets:
 
     def scram_arguments(self) -> list[str]:
         """``kafka.tools.StorageTool format`` arguments creating every principal's SCRAM credential, as
-        salted hashes (RFC 5802: PBKDF2-HMAC over the password with a random salt)."""
+        salted hashes (RFC 5802: PBKDF2-HMAC over the password with a random salt). Secrets: a salted
+        password is enough to log in, so these go in an argument file only (``files.java_argfile``)."""
         args: list[str] = []
         for name in self.kafka_principals:
             salt = os.urandom(16)

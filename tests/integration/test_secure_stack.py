@@ -54,6 +54,8 @@ async def stack(tmp_path_factory) -> AsyncIterator[PrivateStack]:
     await private.start()
     try:
         await private.grant(Topics(PREFIX, partitions=4))
+        async with connection(private.database_url) as conn:  # the client's login reads its own cell's runs
+            await conn.execute("INSERT INTO tenant_logins (login, topic_prefix) VALUES ('client', $1)", PREFIX)
         yield private
     finally:
         await private.close()

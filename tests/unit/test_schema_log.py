@@ -37,7 +37,7 @@ class MemoryLog(SchemaLog):
             raise self.fail
         self.reads += 1
         for offset in range(self._position, len(self.records)):
-            self._learn(*self.records[offset], offset)
+            self._learn(*self.records[offset])
         self._position = len(self.records)
 
 
