@@ -1,6 +1,7 @@
 """Built-in tools, and how a worker chooses which of them to serve.
 
-- ``calculator``: arithmetic, always on;
+- ``calculator``: arithmetic, always on; bounded, and evaluated inline only when it is cheap whatever the
+  numbers, else in a child process a timeout stops (services/tools/arithmetic.py, compute.py);
 - ``sql_query``: one read-only query on ``documents`` (services/tools/sql.py), on by default;
 - ``retrieve``: the retrieval service's top-k passages, asked through events (the tool service
   publishes a RetrievalRequested and waits for its RetrievalCompleted), on by default;
@@ -14,77 +15,61 @@ reads the ``AGENTSTREAM_HTTP_*`` / ``AGENTSTREAM_SQL_*`` variables.
 
 from __future__ import annotations
 
-import ast
-import math
-import operator
-from collections.abc import Callable, Mapping, Sequence
+import atexit
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentstream.services.tools import arithmetic
+from agentstream.services.tools.compute import ComputeError, ComputeGuard, ComputeTimeout
 from agentstream.services.tools.http import HttpGetConfig, http_get_tool
 from agentstream.services.tools.registry import Tool, ToolContext, ToolError, load_tools, tool
 from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
 from agentstream.streams.errors import ConfigError
 
-_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "log": math.log,
-    "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan}
-_CONSTANTS = {"pi": math.pi, "e": math.e}
-MAX_EXPRESSION = 500
-MAX_EXPONENT = 1000
-MAX_MAGNITUDE = 1e300
+#: Seconds of computation a guarded expression may take, inside the tool's 2 s (which also covers the
+#: wait for a free child process, and a child's start).
+CALCULATOR_COMPUTE_S = 1.0
+_guard: ComputeGuard | None = None
 
 
 def evaluate(expression: str) -> float | int:
-    """Arithmetic on numbers, + - * / // % ** (or ^), parentheses, and a few math functions.
-
-    The expression is parsed to an AST and only those node types are evaluated: no names beyond the
-    listed functions and constants, no attributes, no calls of anything else, no eval or exec.
-    """
-    if len(expression) > MAX_EXPRESSION:
-        raise ToolError(f"expression longer than {MAX_EXPRESSION} characters")
+    """Arithmetic on numbers, + - * / // % ** (or ^), parentheses, and a few math functions, bounded
+    (``arithmetic.evaluate``), in this thread; ``ToolError`` for anything refused."""
     try:
-        tree = ast.parse(expression.replace("^", "**"), mode="eval")
-    except SyntaxError as exc:
-        raise ToolError(f"not an arithmetic expression: {exc.msg}") from None
-    return _eval(tree.body)
+        return arithmetic.evaluate(expression)
+    except arithmetic.CalculationError as exc:
+        raise ToolError(str(exc)) from None
 
 
-def _eval(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ToolError(f"exponent larger than {MAX_EXPONENT}")
-        try:
-            value = _BINARY[type(node.op)](left, right)
-        except ZeroDivisionError:
-            raise ToolError("division by zero") from None
-        if isinstance(value, complex) or abs(value) > MAX_MAGNITUDE:
-            raise ToolError("result out of range")
-        return value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
-    if isinstance(node, ast.Name) and node.id in _CONSTANTS:
-        return _CONSTANTS[node.id]
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
-            and not node.keywords):
-        try:
-            return _FUNCTIONS[node.func.id](*[_eval(a) for a in node.args])
-        except (ValueError, TypeError) as exc:
-            raise ToolError(f"{node.func.id}: {exc}") from None
-    raise ToolError(f"unsupported element in expression: {ast.dump(node)[:60]}")
+def calculator_guard() -> ComputeGuard:
+    """The guard the calculator's expressions that are not evidently cheap run under (one per process,
+    its children started on first use and killed at exit)."""
+    global _guard
+    if _guard is None:
+        _guard = ComputeGuard(arithmetic.__name__, workers=2, timeout_s=CALCULATOR_COMPUTE_S)
+        atexit.register(_guard.close)
+    return _guard
 
 
 @tool(description="Evaluate an arithmetic expression, e.g. '17 * 23' or 'sqrt(2) / 3'.", timeout_s=2.0,
       idempotent=True)  # a pure function
 async def calculator(expression: str) -> float | int:
-    return evaluate(expression)
+    # Inline (microseconds) when cheap whatever the numbers; else where a timeout stops it, so that a
+    # CPU bomb the bounded arithmetic missed fails this call and the event loop keeps serving.
+    try:
+        tree = arithmetic.parse(expression)
+        if arithmetic.cheap(expression, tree):
+            return arithmetic.evaluate_tree(tree)
+    except arithmetic.CalculationError as exc:
+        raise ToolError(str(exc)) from None
+    try:
+        value: float | int = await calculator_guard().call("evaluate", expression)
+    except ComputeTimeout as exc:
+        raise ToolError(f"the expression takes too long to compute ({exc})") from None
+    except ComputeError as exc:
+        raise ToolError(str(exc)) from None
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)

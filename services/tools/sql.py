@@ -3,10 +3,10 @@
 The model writes the SQL, so the database, not this module, has to make it harmless. Migration
 0005_tool_roles.sql creates the role ``agentstream_readonly`` (SELECT on ``documents`` only) and the
 function ``agentstream_readonly_query``, SECURITY DEFINER and owned by that role; 0010 gives it a byte
-limit. A call runs, on a connection of the tool's own pool (``query_pool``):
+limit, 0016 a check of the query's plan. A call runs, on a connection of the tool's own pool (``query_pool``):
 
     BEGIN READ ONLY;
-    SET LOCAL ROLE agentstream_readonly; SET LOCAL statement_timeout = …;
+    SET LOCAL temp_file_limit = …; SET LOCAL ROLE agentstream_readonly; SET LOCAL statement_timeout = …;
     SELECT item, stop FROM agentstream_readonly_query($1, $2, $3);   -- the model's SQL is a bound parameter
     ROLLBACK;
 
@@ -17,10 +17,25 @@ Why each piece:
   login (``ts_stat('select … from tool_calls')``, ``query_to_xml``): tested, it works. PostgreSQL
   refuses to change ``role`` or ``session_authorization`` inside a SECURITY DEFINER function, so in
   there the SQL stays ``agentstream_readonly`` whatever it calls;
-- **one statement only**: the function opens the SQL as a cursor (``FOR r IN EXECUTE``), which
+- **one statement only**: the function opens the SQL as a cursor (``OPEN … FOR EXECUTE``), which
   PostgreSQL allows only for a single query that returns rows: ``select 1; drop …`` fails with
-  "cannot open multi-query plan as cursor", ``INSERT``/``CREATE`` with "cannot open … as cursor". The
-  SQL is never concatenated into another statement;
+  "cannot open multi-query plan as cursor", ``INSERT``/``CREATE`` with "cannot open … as cursor". Only
+  then is it prefixed with anything (``EXPLAIN``, below): a plain ``EXECUTE`` would run a second statement;
+- **only the tables granted to the role** (0016): PUBLIC may read the system catalogs (``pg_roles``,
+  ``pg_stat_activity``, ``pg_user``, ``pg_settings``: role names, other sessions), and no role can be
+  refused what PUBLIC may do. So before a row is read the function plans the query (``EXPLAIN
+  (VERBOSE, FORMAT JSON)``) and refuses, as "permission denied", a relation not granted to
+  ``agentstream_readonly`` itself (a view shows as the tables under it), a function in FROM other than
+  the set-returning and text-search ones it lists, and, anywhere in the plan's expressions, the
+  functions and types that name roles or run SQL of their own (``CURRENT_USER`` and its kin,
+  ``regrole``, ``aclitem``, ``pg_get_userbyid``, ``has_*_privilege``, ``current_setting``,
+  ``query_to_xml``, ``pg_stat_get_*``…); ``regrole``, ``aclitem`` and ``U&`` escapes are refused in
+  the text already (their input functions look a role up while the query is parsed). Server facts
+  that name no role stay readable (``version()``, ``current_database()``);
+- **temp_file_limit** (``max_temp_bytes``): a sort or hash that spills to disk stops there. It is a
+  superuser setting, so the tool's login sets it, before ``SET ROLE`` (migration 0016 lets
+  ``agentstream_tools`` set it); ``agentstream_readonly`` may not, so the SQL cannot raise it. A login
+  that may not set it gets a clear error, not a query without the limit;
 - **READ ONLY transaction**: writes in data-modifying CTEs and functions (``nextval``, …) fail too;
 - **statement_timeout**: the whole function call is one protocol message, so the timer armed when it
   starts cannot be disarmed by ``set_config('statement_timeout', …)`` inside it; the tool's own
@@ -74,15 +89,18 @@ class SqlQueryConfig:
     max_query_chars: int = 10_000
     #: Connections of the tool's own pool (``query_pool``); a call waits ``statement_timeout_s`` for one.
     pool_size: int = 2
+    #: Most bytes of temporary files one query may write (sorts and hashes past ``work_mem`` spill to
+    #: disk): PostgreSQL's ``temp_file_limit`` for the call's transaction, rounded up to kB.
+    max_temp_bytes: int = 64 * 1024 * 1024
     role: str = ROLE
 
     def __post_init__(self) -> None:
         if not _IDENTIFIER.match(self.role):
             raise ValueError(f"SqlQueryConfig: role {self.role!r} is not a plain lower-case identifier")
         if (self.statement_timeout_s <= 0 or self.max_rows < 1 or self.max_result_chars < 100 or self.max_bytes < 100
-                or self.pool_size < 1):
+                or self.pool_size < 1 or self.max_temp_bytes < 1):
             raise ValueError("SqlQueryConfig: statement_timeout_s, max_rows, max_bytes (100 or more), "
-                             "max_result_chars (100 or more) and pool_size must be positive")
+                             "max_result_chars (100 or more), pool_size and max_temp_bytes must be positive")
 
 
 async def query_pool(database_url: str, config: SqlQueryConfig) -> asyncpg.Pool:
@@ -97,7 +115,9 @@ async def run_query(pool: asyncpg.Pool, query: str, config: SqlQueryConfig) -> d
     if len(query) > config.max_query_chars:
         raise ToolError(f"the query is longer than {config.max_query_chars} characters")
     timeout_ms = max(1, int(config.statement_timeout_s * 1000))
+    temp_kb = -(-config.max_temp_bytes // 1024)
     error: asyncpg.PostgresError | None = None
+    setting_up = True  # whether an error came from the SETs, before the query
     rows: list[asyncpg.Record] = []
     try:
         conn = await pool.acquire(timeout=config.statement_timeout_s)
@@ -109,7 +129,10 @@ async def run_query(pool: asyncpg.Pool, query: str, config: SqlQueryConfig) -> d
         transaction = conn.transaction(readonly=True)
         await transaction.start()
         try:
-            await conn.execute(f"SET LOCAL ROLE {config.role}; SET LOCAL statement_timeout = {timeout_ms}")
+            # temp_file_limit first: it is checked against the login, which may set it; the role may not.
+            await conn.execute(f"SET LOCAL temp_file_limit = '{temp_kb}kB'; SET LOCAL ROLE {config.role}; "
+                               f"SET LOCAL statement_timeout = {timeout_ms}")
+            setting_up = False
             rows = await conn.fetch(f"SELECT item, stop FROM {FUNCTION}($1, $2, $3)", query, config.max_rows,
                                     config.max_bytes)
         except asyncpg.PostgresError as exc:
@@ -121,6 +144,9 @@ async def run_query(pool: asyncpg.Pool, query: str, config: SqlQueryConfig) -> d
         if not clean:  # cancelled or broken mid-way: whatever state the SQL left goes with the connection
             conn.terminate()
         await pool.release(conn)
+    if error is not None and setting_up and isinstance(error, asyncpg.InsufficientPrivilegeError):
+        raise ToolError(f"sql_query is not set up in this database: {error} (migration 0016_sql_query_limits "
+                        "lets agentstream_tools set temp_file_limit; the tool's login needs that role)")
     if error is not None:
         raise ToolError(_explain(error, config))
     stop = rows[-1]["stop"] if rows else None
@@ -136,6 +162,8 @@ def _explain(exc: asyncpg.PostgresError, config: SqlQueryConfig) -> str:
         return f"the database is read-only for this tool: {exc}"
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         return f"{exc}; this tool may read only: {', '.join(READABLE)}"
+    if isinstance(exc, asyncpg.ConfigurationLimitExceededError) and "temp_file_limit" in str(exc):
+        return f"the query needs more temporary disk space than its limit of {config.max_temp_bytes} bytes"
     if isinstance(exc, asyncpg.UndefinedFunctionError) and FUNCTION in str(exc):
         return "sql_query is not set up in this database (migration 0010_readonly_query_bytes has not run)"
     return f"the query failed: {type(exc).__name__}: {exc}"

@@ -289,6 +289,65 @@ async def test_sql_query_leaves_no_session_state_on_the_pooled_connection(one_co
     assert await one_connection.fetchval("SHOW transaction_read_only") == "off"
 
 
+@pytest.mark.parametrize("query", [
+    "SELECT rolname FROM pg_roles",
+    "SELECT usename FROM pg_user",
+    "SELECT usename, query FROM pg_stat_activity",
+    "SELECT pid, query FROM pg_stat_activity",  # (the planner drops the join with pg_authid here)
+    "SELECT name, setting FROM pg_settings",
+    "SELECT * FROM information_schema.enabled_roles",
+    "SELECT content FROM documents WHERE content = (SELECT rolname FROM pg_roles LIMIT 1)",
+    "SELECT current_user", "SELECT session_user", 'SELECT "session_user"()', "SELECT system_user",
+    "SELECT pg_get_userbyid(10)",
+    "SELECT g::oid::regrole FROM generate_series(1, 20000) g",
+    "SELECT acldefault('r', 10)::text",
+    "SELECT current_setting('session_authorization')",
+    "SELECT has_table_privilege('planner', 'documents', 'SELECT')",
+    "SELECT query_to_xml('SELECT rolname FROM pg_roles', true, true, '')",
+    "SELECT (pg_stat_get_activity(NULL)).usesysid",
+    # 0005's overload, called by the query itself: it has the same checks now.
+    "SELECT * FROM agentstream_readonly_query('SELECT rolname FROM pg_roles', 10)",
+    "SELECT agentstream_readonly_query('SELECT rolname FROM pg_roles', 10)",
+])
+async def test_sql_query_reads_no_role_names_from_the_catalogs(one_connection, query):
+    with pytest.raises(ToolError, match="permission denied") as info:
+        await run_query(one_connection, query, SqlQueryConfig())
+    assert "postgres" not in str(info.value)  # (the owner's name, in every cluster)
+
+
+@pytest.mark.parametrize("query,rows", [
+    ("SELECT count(*) AS n FROM documents d, plainto_tsquery('english', 'zyx') q "
+     "WHERE to_tsvector('english', d.content) @@ q", [[0]]),
+    ("WITH g AS (SELECT generate_series(1, 3) AS i) SELECT i FROM g", [[1], [2], [3]]),
+    ("SELECT * FROM unnest(ARRAY['a', 'b'])", [["a"], ["b"]]),
+    ("SELECT 'current_user' AS who, left('session_user', 7) AS what", [["current_user", "session"]]),
+])
+async def test_sql_query_still_reads_documents_and_plain_values(one_connection, query, rows):
+    assert (await run_query(one_connection, query, SqlQueryConfig()))["rows"] == rows
+
+
+async def test_sql_query_has_a_temp_file_limit_the_query_cannot_raise(one_connection):
+    spill = "SELECT count(*) FROM (SELECT g FROM generate_series(1, 3000000) g ORDER BY g DESC) s"
+    small = SqlQueryConfig(max_temp_bytes=1024 * 1024, statement_timeout_s=30)
+    with pytest.raises(ToolError, match="more temporary disk space than its limit of 1048576 bytes"):
+        await run_query(one_connection, spill, small)
+    with pytest.raises(ToolError, match='permission denied to set parameter "temp_file_limit"'):
+        await run_query(one_connection, "SELECT set_config('temp_file_limit', '-1', true)", small)
+
+    # The tool services' role may set it (migration 0016), without being a superuser; a role that may not
+    # gets a clear error rather than a query without the limit.
+    await one_connection.execute("SET ROLE agentstream_tools")
+    try:
+        with pytest.raises(ToolError, match="more temporary disk space"):
+            await run_query(one_connection, spill, small)
+        assert (await run_query(one_connection, "SELECT 6 * 7 AS a", small))["rows"] == [[42]]
+        await one_connection.execute("RESET ROLE; SET ROLE agentstream_reader")
+        with pytest.raises(ToolError, match="not set up in this database: permission denied to set parameter"):
+            await run_query(one_connection, "SELECT 1", small)
+    finally:
+        await one_connection.execute("RESET ROLE")
+
+
 async def test_retrieve_asks_the_retrieval_service_through_events(pipe):
     word = f"zyx{uuid.uuid4().hex[:8]}"
     pool = await pipe.client.pool()
