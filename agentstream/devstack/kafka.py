@@ -7,6 +7,12 @@ Steps, each idempotent:
 2. ``start``: render ``infra/kafka/server.properties.in`` (plus the launcher's ``overrides``), format KRaft storage once with
    ``kafka.tools.StorageTool``, start ``kafka.Kafka`` detached, wait until a metadata request succeeds;
 3. ``stop``: SIGTERM by PID, SIGKILL after a grace period.
+
+A node's work directory (configuration, log, data) is its owner's only: 0700 directories, 0600 files
+(fixed at every start) and the broker and the storage tool run with umask 077, so a log segment, which
+holds the tasks' text, is not readable by another account (issue 37). On a secure node the SCRAM
+credentials (salted passwords, which log in as well as the passwords) reach the storage tool through a
+0600 argument file, never its command line.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentstream.devstack import process
+from agentstream.devstack import files, process
 from agentstream.devstack.secure import StackSecrets
 from agentstream.streams.config import mask_url
 from agentstream.streams.errors import StackError
@@ -166,11 +172,15 @@ class KafkaLauncher:
         return process.run(self._java("kafka.tools.StorageTool", "random-uuid")).stdout.split()[-1]
 
     def _format_storage(self, config: Path, cluster_id: str | None = None) -> None:
+        """Format the storage once. The arguments (with the SCRAM credentials on a secure node) are in an
+        argument file: ``/proc/PID/cmdline``, which every account may read, shows ``java @FILE`` only."""
         if (self.data_dir / "meta.properties").exists():
             return
         scram = self.secrets.scram_arguments() if self.secrets else []
-        process.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id or self.new_cluster_id(),
-                               "-c", str(config), "--ignore-formatted", *scram))
+        argv = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id or self.new_cluster_id(),
+                          "-c", str(config), "--ignore-formatted", *scram)
+        with files.java_argfile(self.work_dir, "format.args", argv[1:]) as argfile:
+            process.run([argv[0], argfile], umask=files.PRIVATE_UMASK)
 
     def preflight(self) -> None:
         """Fail before anything starts: Java 17+, free ports, Maven when the jars are not cached."""
@@ -202,8 +212,10 @@ class KafkaLauncher:
 
     def spawn(self, cluster_id: str | None = None) -> tuple[subprocess.Popen, process.ProcessRef]:
         """Render, format (once, with ``cluster_id`` when it joins a cluster) and start the node, without
-        waiting for it: a cluster's nodes answer only once a majority of its controllers runs."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        waiting for it: a cluster's nodes answer only once a majority of its controllers runs. Its work
+        directory is made private first (an older version's data was world-readable)."""
+        files.private_dir(self.work_dir)
+        files.restrict_tree(self.work_dir)
         config = self._render_config()
         self._format_storage(config, cluster_id)
         proc = process.spawn_detached(self._java("kafka.Kafka", str(config), jvm=JVM_OPTS),

@@ -35,7 +35,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from agentstream.devstack import process
+from agentstream.devstack import files, process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets, create_database_logins
@@ -100,7 +100,8 @@ class PrivateStack:
         run_as = process.RunAs.for_postgres()
         self.postgres = PostgresLauncher(infra_dir=self.paths.infra_dir, work_dir=default_work_dir(state_dir, run_as),
                                          port=_free_port(), database=DEFAULT_DATABASE, run_as=run_as,
-                                         password_file=self.secrets.db_path("postgres") if self.secrets else None)
+                                         password_file=self.secrets.db_path("postgres") if self.secrets else None,
+                                         state_dir=state_dir)
 
     @property
     def bootstrap(self) -> str:
@@ -160,8 +161,9 @@ class PrivateStack:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Both servers (in parallel), then the migrations."""
-        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        """Both servers (in parallel), then the migrations. The state directory is made private (0700,
+        as ``agentstream dev up`` makes its own)."""
+        files.private_dir(self.paths.state_dir)
         self._record(kafka=self.bootstrap, kafka_port=self.kafka.port, kafka_controller_port=self.kafka.controller_port,
                      kafka_dir=str(self.kafka.work_dir), kafka_brokers=self.cluster.size, database_url=self.database_url,
                      postgres_port=self.postgres.port, postgres_dir=str(self.postgres.work_dir),
@@ -173,14 +175,15 @@ class PrivateStack:
             await create_database_logins(self.database_url, self.secrets)
 
     async def close(self, *, keep_data: bool = False) -> None:
-        """Stop both servers; delete their data unless ``keep_data``."""
+        """Stop both servers; delete their data unless ``keep_data`` (as root PostgreSQL's is outside the
+        state directory, under ``/var/lib/agentstream-postgres``: nothing else would remove it)."""
         await asyncio.gather(*(asyncio.to_thread(KafkaLauncher.stop, ref) for ref in self._nodes().values()))
         await asyncio.to_thread(PostgresLauncher.stop, self._ref("postgres"))
         self._record(kafka_pid=None, kafka_started=None, kafka_nodes=None, postgres_pid=None, postgres_started=None)
         if not keep_data:
             for node in self.cluster.nodes:
                 shutil.rmtree(node.work_dir, ignore_errors=True)
-            shutil.rmtree(self.postgres.work_dir, ignore_errors=True)
+            self.postgres.remove()
 
     # -- faults ------------------------------------------------------------------------------------
     async def start_kafka(self) -> None:

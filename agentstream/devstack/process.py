@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentstream.devstack.files import PRIVATE_UMASK, open_private_log
 from agentstream.streams.errors import StackError
 
 
@@ -94,6 +96,12 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
+#: The account the local PostgreSQL runs as when the stack is started by root (PostgreSQL refuses to run
+#: as root). The stack's own, not ``nobody``: any other daemon running as ``nobody`` could read every
+#: tenant's data. Created as a system account (no login, no home) the first time it is needed.
+STACK_ACCOUNT = "agentstream"
+
+
 @dataclass(frozen=True)
 class RunAs:
     """An unprivileged account to run a server as (PostgreSQL refuses to run as root)."""
@@ -104,24 +112,64 @@ class RunAs:
 
     @classmethod
     def for_postgres(cls) -> RunAs | None:
-        """``None`` when we are not root; else the ``nobody`` account."""
+        """``None`` when we are not root (the server runs as the current user); else ``AGENTSTREAM_PG_USER``
+        when set (it must exist), or the stack's own account ``STACK_ACCOUNT``, created when missing."""
         if os.geteuid() != 0:
             return None
-        name = os.environ.get("AGENTSTREAM_PG_USER", "nobody")
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError as exc:
-            raise StackError(
-                f"running as root, PostgreSQL needs an unprivileged account and '{name}' does not exist; "
-                "create one or set AGENTSTREAM_PG_USER to an existing account"
-            ) from exc
-        return cls(user=name, uid=entry.pw_uid, gid=entry.pw_gid)
+        name = os.environ.get("AGENTSTREAM_PG_USER")
+        if name:
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError as exc:
+                raise StackError(
+                    f"running as root, PostgreSQL needs an unprivileged account and AGENTSTREAM_PG_USER names "
+                    f"'{name}', which does not exist; create it or unset AGENTSTREAM_PG_USER (then the stack "
+                    f"creates and uses its own account, '{STACK_ACCOUNT}')"
+                ) from exc
+        else:
+            entry = ensure_system_account(STACK_ACCOUNT)
+        if entry.pw_uid == 0:
+            raise StackError(f"account '{entry.pw_name}' is root (uid 0): PostgreSQL needs an unprivileged one")
+        return cls(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
 
     def chown(self, path: Path) -> None:
-        os.chown(path, self.uid, self.gid)
+        os.chown(path, self.uid, self.gid, follow_symlinks=False)
+
+    def chown_tree(self, root: Path) -> None:
+        """``root`` and everything under it (symlinks themselves, not what they name)."""
+        self.chown(root)
+        for directory, dirs, files in os.walk(root):
+            for name in (*dirs, *files):
+                self.chown(Path(directory) / name)
 
     def popen_kwargs(self) -> dict:
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+
+def ensure_system_account(name: str, *, attempts: int = 20) -> pwd.struct_passwd:
+    """The account ``name``, created with ``useradd`` when missing: a system account with its own group,
+    no home directory and no login shell. Several ``dev up`` or test sessions may create it at once: one
+    wins, the others find it (``useradd`` exits 9, or 10 while another holds ``/etc/passwd``'s lock)."""
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    for _ in range(attempts):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            pass
+        try:
+            made = subprocess.run([useradd, "--system", "--user-group", "--no-create-home", "--home-dir",
+                                   "/nonexistent", "--shell", "/usr/sbin/nologin", "--comment",
+                                   "agentstream dev stack", name], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StackError(f"running as root, the local PostgreSQL runs as the account '{name}', which could not be "
+                             f"created ({exc}); create it, or set AGENTSTREAM_PG_USER to an unprivileged account") from exc
+        if made.returncode not in (0, 9, 10):
+            raise StackError(f"running as root, the local PostgreSQL runs as the account '{name}', which could not be "
+                             f"created (useradd exit {made.returncode}: {(made.stdout + made.stderr).strip()}); "
+                             "create it, or set AGENTSTREAM_PG_USER to an unprivileged account")
+        if made.returncode == 10:
+            time.sleep(0.25)
+    return pwd.getpwnam(name)  # KeyError here means something deletes it as fast as it is made
 
 
 def run(
@@ -131,8 +179,10 @@ def run(
     run_as: RunAs | None = None,
     cwd: Path | None = None,
     timeout: float = 120,
+    umask: int = -1,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a short command to completion; raise ``StackError`` with its output when it fails."""
+    """Run a short command to completion; raise ``StackError`` with its output when it fails. ``umask``:
+    the command's (``files.PRIVATE_UMASK`` for the stack's servers and tools; -1 keeps ours)."""
     try:
         proc = subprocess.run(
             list(argv),
@@ -141,6 +191,7 @@ def run(
             capture_output=True,
             text=True,
             timeout=timeout,
+            umask=umask,
             **(run_as.popen_kwargs() if run_as else {}),
         )
     except FileNotFoundError as exc:
@@ -153,15 +204,16 @@ def run(
     return proc
 
 
-def spawn_detached(argv: Sequence[str], *, log_file: Path,
-                   env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a long-running server in its own session with output to ``log_file``.
+def spawn_detached(argv: Sequence[str], *, log_file: Path, env: Mapping[str, str] | None = None,
+                   umask: int = PRIVATE_UMASK) -> subprocess.Popen[bytes]:
+    """Start a long-running server in its own session with output to ``log_file`` (0600: a server's log
+    can quote what it was sent) and, by default, umask 077 (what it creates is its owner's only).
 
     The caller watches the start with ``Popen.poll()`` and then keeps a ``ProcessRef``: the server
     outlives this process, so the ``Popen`` object is not kept.
     """
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
+    with open(open_private_log(log_file), "ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
             list(argv),
             stdin=devnull,
@@ -170,6 +222,7 @@ def spawn_detached(argv: Sequence[str], *, log_file: Path,
             env=dict(env) if env is not None else None,
             start_new_session=True,
             close_fds=True,
+            umask=umask,
         )
     return proc
 

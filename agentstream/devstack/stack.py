@@ -4,6 +4,10 @@ The state file (``<state dir>/stack.json``) records the bootstrap servers, the `
 PIDs and directories; every other command reads it through ``agentstream.streams.config.Settings``. A user's own
 cluster or database (``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL``) is used instead of the local one
 and never started or stopped by us.
+
+The state directory is its owner's only: 0700, and every directory under it 0700 and every file 0600
+(fixed by every ``up``; the servers run with umask 077). As root, PostgreSQL's data is outside it
+(``postgres.default_work_dir``), private to the stack's own account; ``down --purge`` removes both.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fcntl
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentstream.devstack import process
+from agentstream.devstack import files, process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import StackSecrets, create_database_logins
@@ -108,13 +113,15 @@ class DevStack:
         return PostgresLauncher(infra_dir=self.paths.infra_dir,
                                 work_dir=default_work_dir(self.paths.state_dir, run_as),
                                 port=port, database=DEFAULT_DATABASE, run_as=run_as,
-                                password_file=secrets.db_path("postgres") if secrets else None)
+                                password_file=secrets.db_path("postgres") if secrets else None,
+                                state_dir=self.paths.state_dir)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        """Serialise concurrent ``up``/``down`` calls on the same state directory."""
-        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.paths.state_dir / ".lock", "w") as lock:
+        """Serialise concurrent ``up``/``down`` calls on the same state directory (made 0700 here: every
+        command that changes the stack comes through)."""
+        files.private_dir(self.paths.state_dir)
+        with open(os.open(self.paths.state_dir / ".lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -205,9 +212,12 @@ class DevStack:
                 if running and recorded and asked != recorded:
                     raise StackError(f"{name} is already running on port {recorded}; "
                                      "run `agentstream dev down` before choosing another port")
+            files.restrict_tree(self.paths.state_dir)  # what an older version left readable, too
             kafka = self._kafka(kafka_port, kafka_port + 1, secrets)
             cluster = self._cluster(kafka_port, brokers, secrets)
             postgres = self._postgres(pg_port, secrets)
+            if not settings.external_database and not before.postgres_running and state.get("postgres_dir"):
+                postgres.adopt(Path(state["postgres_dir"]))  # the data an older version kept in /var/tmp
             to_start: dict[str, Callable[[], Any]] = {}
             if not settings.external_kafka and not before.kafka_running:
                 if brokers == 1:

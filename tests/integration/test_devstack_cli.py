@@ -66,6 +66,10 @@ def test_up_twice_then_down_leaves_no_process(tmp_path):
         assert first.returncode == 0, first.stdout + first.stderr
         state = json.loads((state_dir / "stack.json").read_text())
         assert stat.S_IMODE((state_dir / "stack.json").stat().st_mode) == 0o600  # it holds DATABASE_URL
+        # Issue 37: the state, Kafka's data and PostgreSQL's (with its socket) are the owner's only.
+        for directory in (state_dir, Path(state["kafka_dir"]), Path(state["postgres_dir"])):
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+        assert stat.S_IMODE((Path(state["kafka_dir"]) / "kafka.log").stat().st_mode) == 0o600
         status = json.loads(_cli(env, "dev", "status", "--json").stdout)
         # Printed URLs are masked (mask_url); the dev stack's has no password, so nothing changes here.
         assert status == {"kafka": state["kafka"], "database_url": mask_url(state["database_url"]), "running": True,
@@ -123,6 +127,7 @@ def test_a_secure_stack_starts_checks_and_switches_back_only_after_a_purge(tmp_p
     finally:
         _cli(env, "dev", "down", "--purge")
     assert not (state_dir / "secrets").exists()
+    assert not Path(state["kafka_dir"]).exists() and not Path(state["postgres_dir"]).exists()  # outside it as root
 
 
 def test_taken_port_is_a_clear_error_and_nothing_is_left_running(tmp_path):
