@@ -1,10 +1,12 @@
 """What a principal may actually do on a secure broker, tried rather than read from the ACLs: write a
-record, read one back, connect to PostgreSQL with one of the stack's logins. Shared by the secure-stack
-and tenant tests."""
+record, read one back, connect to PostgreSQL with one of the stack's logins, find what became of a
+record (its dead letter). Shared by the secure-stack tests and the hostile-client suite."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -12,7 +14,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.devstack.private import PrivateStack
+from agentstream.streams.events import DeadLetter
 from agentstream.streams.kafka_auth import kafka_options
+from agentstream.streams.topics import Topics
+from agentstream.testing import end_offsets, read_events
 
 
 def producer(stack: PrivateStack, principal: str) -> AIOKafkaProducer:
@@ -62,6 +67,23 @@ async def can_read(stack: PrivateStack, principal: str, topic: str) -> bool:
         return False
     finally:
         await consumer.stop()
+
+
+async def dead_letter(stack: PrivateStack, prefix: str, source_topic: str, source: tuple[int, int], *,
+                      timeout: float = 60) -> DeadLetter:
+    """The dead letter of the record at ``source`` (partition, offset) of ``source_topic``, read from the
+    dead-letter topic under ``prefix`` as the operator (who may read it)."""
+    settings = stack.settings(topic_prefix=prefix, principal="operator")
+    dlq = TopicPartition(Topics(prefix).dlq, 0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        end = (await end_offsets(settings, [dlq]))[dlq]
+        for letter in await read_events(settings, dlq, 0, expect=end, timeout=5) if end else []:
+            if (isinstance(letter, DeadLetter) and letter.source_topic == source_topic
+                    and (letter.source_partition, letter.source_offset) == source):
+                return letter
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"no dead letter for the record at {source_topic} {source}")
 
 
 @contextlib.asynccontextmanager

@@ -176,7 +176,7 @@ async def test_a_2mb_compressed_record_gets_a_truncated_letter_and_the_service_k
 
 async def test_list_and_show_through_the_api_and_the_cli(pipe):
     topics = pipe.worker.runtime.topics
-    task = f"a task the inference service does not handle {uuid.uuid4().hex}"
+    task = f"a task, which the inference requests topic does not carry {uuid.uuid4().hex}"
     event = TaskSubmitted.build(run_id="run-listshow", step="run-listshow:task", service="test", task=task,
                                 max_steps=2)
     sent = await produce(pipe.settings, topics.inference_requests, codec_for(pipe.settings).encode(event),
@@ -184,9 +184,9 @@ async def test_list_and_show_through_the_api_and_the_cli(pipe):
     dlq_offset, _ = await letter_for(pipe, topics.inference_requests, sent.offset)
 
     async with DeadLetters(pipe.settings) as letters:
-        listed = await letters.list(kind="handler_error", source_topic=topics.inference_requests)
+        listed = await letters.list(kind="refused", source_topic=topics.inference_requests)
         assert dlq_offset in [s.offset for s in listed]
-        assert all(s.letter is not None and s.letter.error_kind == "handler_error" for s in listed)
+        assert all(s.letter is not None and s.letter.error_kind == "refused" for s in listed)
         assert await letters.list(kind="no_such_kind") == []
         assert [s.offset for s in await letters.list(limit=1)][-1] >= dlq_offset  # the most recent
         details = await letters.show(dlq_offset)
@@ -195,14 +195,14 @@ async def test_list_and_show_through_the_api_and_the_cli(pipe):
     assert summary["run_id"] == "run-listshow" and summary["consumer"] == "inference"
     assert summary["source_offset"] == sent.offset and "TaskSubmitted" in summary["reason"]
 
-    code, out = await cli(pipe, "dlq", "list", "--json", "--kind", "handler_error")
+    code, out = await cli(pipe, "dlq", "list", "--json", "--kind", "refused")
     assert code == 0, out
     row = next(r for r in json.loads(out) if r["offset"] == dlq_offset)
     assert (row["source_topic"], row["source_partition"], row["source_offset"]) == (topics.inference_requests, 0,
                                                                                    sent.offset)
-    assert row["error_kind"] == "handler_error" and row["run_id"] == "run-listshow" and row["redrives"] == 0
+    assert row["error_kind"] == "refused" and row["run_id"] == "run-listshow" and row["redrives"] == 0
     code, out = await cli(pipe, "dlq", "list")
-    assert code == 0 and "handler_error" in out and f"@{sent.offset}" in out, out
+    assert code == 0 and "refused" in out and f"@{sent.offset}" in out, out
     code, out = await cli(pipe, "dlq", "show", str(dlq_offset), "--json")
     assert code == 0, out
     shown = json.loads(out)

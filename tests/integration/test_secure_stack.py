@@ -25,7 +25,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from agentstream.devstack.private import PrivateStack
@@ -35,12 +35,12 @@ from agentstream.services.worker import WorkerOptions
 from agentstream.streams.acls import PRINCIPALS, Operation, Resource, acl_bindings
 from agentstream.streams.client import AgentClient, NotAnApprover
 from agentstream.streams.codec import codec_for
-from agentstream.streams.events import ApprovalDecided, DeadLetter, ToolCallRequested, new_run_id
+from agentstream.streams.events import ApprovalDecided, ToolCallRequested, new_run_id
 from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.tool_catalog import ToolCatalog
 from agentstream.streams.topics import Topics
-from agentstream.testing import end_offsets, read_events, wait_awaiting_approval
-from tests.integration.acl_probes import can_read, can_write, connection, send
+from agentstream.testing import wait_awaiting_approval
+from tests.integration.acl_probes import can_read, can_write, connection, dead_letter, send
 from tests.integration.pipeline_tools import EFFECTS_TABLE
 from tests.integration.processes import ROOT, start_worker, stop, wait_for
 
@@ -171,7 +171,7 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
     topics = Topics.of(settings)
     meta = await send(stack, "planner", topics.tool_requests, codec_for(settings).encode(forged), ghost,
                        topics.partition_for(ghost))
-    letter = await _dead_letter(stack, topics, topics.tool_requests, meta)
+    letter = await dead_letter(stack, PREFIX, topics.tool_requests, meta)
     assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
 
     # A replay runs as the replay principal: it reads the recorded topics and runs a pipeline of its own
@@ -204,7 +204,7 @@ async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_
                                        decided_by="boss")
         meta = await send(stack, "client", topics.tasks, codec_for(reader.settings).encode(forged), run_id,
                            topics.partition_for(run_id))
-        letter = await _dead_letter(stack, topics, topics.tasks, meta)
+        letter = await dead_letter(stack, PREFIX, topics.tasks, meta)
         assert (letter.error_kind, letter.consumer) == ("refused", "planner"), letter
         assert "no decision" in letter.reason
         assert [w["step_id"] for w in await reader.awaiting_approval() if w["run_id"] == run_id] == [step]
@@ -216,7 +216,7 @@ async def test_approvals_are_recorded_by_an_approver_login_not_by_what_a_client_
                                           arguments=json.dumps({"label": "sneaked"}))
         meta = await send(stack, "planner", topics.tool_requests, codec_for(reader.settings).encode(sneaked), run_id,
                           topics.partition_for(run_id))
-        letter = await _dead_letter(stack, topics, topics.tool_requests, meta)
+        letter = await dead_letter(stack, PREFIX, topics.tool_requests, meta)
         assert (letter.error_kind, letter.consumer) == ("refused", "tools"), letter
         assert letter.reason.startswith("tool_not_allowed"), letter.reason
         assert await _effects(stack, run_id) == []
@@ -255,19 +255,6 @@ async def _effects(stack: PrivateStack, run_id: str) -> list[str]:
 
 async def _has(catalog: ToolCatalog, tool: str) -> bool:
     return tool in await catalog.refresh()
-
-
-async def _dead_letter(stack: PrivateStack, topics: Topics, source_topic: str, source: tuple[int, int]) -> DeadLetter:
-    settings = stack.settings(topic_prefix=PREFIX, principal="operator")
-    dlq = TopicPartition(topics.dlq, 0)
-    for _ in range(100):
-        end = (await end_offsets(settings, [dlq]))[dlq]
-        for letter in await read_events(settings, dlq, 0, expect=end, timeout=5) if end else []:
-            if (isinstance(letter, DeadLetter) and letter.source_topic == source_topic
-                    and (letter.source_partition, letter.source_offset) == source):
-                return letter
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no dead letter for the record at {source_topic} {source}")
 
 
 def _passwords(stack: PrivateStack) -> list[str]:

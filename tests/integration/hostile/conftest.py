@@ -1,9 +1,9 @@
 """The hostile-client suite's stack (docs/security.md, "Threat model"): one secure broker and database with
 two tenants, as the attack of issue 37 found them, shared by every module of this package.
 
-- **acme**: each service as its own Kafka principal and database login, as separate processes (planner,
-  inference with the scripted model, tools with the built-ins and the test tools). The victim of most
-  attacks.
+- **acme**: each service as its own Kafka principal and database login, as separate processes (two
+  planners, inference with the scripted model, tools with the built-ins and the test tools). The victim
+  of most attacks.
 - **beta**: one `worker all` process as the `worker` principal, with quotas (runs in flight 2, 6 steps,
   2,000 tokens a run): the other tenant, and the attacker's own cell.
 
@@ -14,14 +14,11 @@ it should not.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest_asyncio
-from aiokafka import TopicPartition
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.streams.acls import tenant_prefix, tenant_principal
@@ -29,12 +26,13 @@ from agentstream.streams.client import AgentClient
 from agentstream.streams.events import DeadLetter
 from agentstream.streams.tool_catalog import ToolCatalog
 from agentstream.streams.topics import Topics
-from agentstream.testing import end_offsets, read_events
-from tests.integration.acl_probes import connection
+from tests.integration.acl_probes import connection, dead_letter
 from tests.integration.pipeline_tools import EFFECTS_TABLE
 from tests.integration.processes import start_worker, stop, wait_for
 
 ACME, BETA = "acme", "beta"
+#: The logs of acme's planners (the first one has a metrics port).
+PLANNERS = ("acme-planner", "acme-planner-2")
 TENANTS = (ACME, BETA)
 PARTITIONS = 4
 TOOLS = ["--tools", "agentstream.services.tools.builtin", "--tools", "tests.integration.pipeline_tools"]
@@ -59,25 +57,14 @@ class Cells:
                                                database_login=login or tenant_principal(tenant)))
 
     def log_text(self, *names: str) -> str:
-        """The workers' logs (``names``: only those, e.g. ``"acme-planner"``)."""
+        """The workers' logs (``names``: only those, e.g. ``*PLANNERS``)."""
         return "\n".join(path.read_text(errors="replace") for name, path in self.logs.items()
                          if path.exists() and (not names or name in names))
 
     async def dead_letter(self, tenant: str, source_topic: str, source: tuple[int, int],
                           timeout: float = 60) -> DeadLetter:
-        """The dead letter of the record at ``source`` (partition, offset) of ``source_topic``, read as the
-        operator."""
-        settings = self.stack.settings(topic_prefix=tenant_prefix(tenant), principal="operator")
-        dlq = TopicPartition(self.topics(tenant).dlq, 0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            end = (await end_offsets(settings, [dlq]))[dlq]
-            for letter in await read_events(settings, dlq, 0, expect=end, timeout=5) if end else []:
-                if (isinstance(letter, DeadLetter) and letter.source_topic == source_topic
-                        and (letter.source_partition, letter.source_offset) == source):
-                    return letter
-            await asyncio.sleep(0.3)
-        raise AssertionError(f"no dead letter for the record at {source_topic} {source}")
+        """The dead letter of the record at ``source`` (partition, offset) of ``source_topic``."""
+        return await dead_letter(self.stack, tenant_prefix(tenant), source_topic, source, timeout=timeout)
 
     async def effects(self, run_id: str) -> list[str]:
         """What the test tools did for ``run_id`` (``tests/integration/pipeline_tools.py``)."""
@@ -94,8 +81,8 @@ async def cells(tmp_path_factory) -> AsyncIterator[Cells]:
     procs = []
     logs: dict[str, Path] = {}
 
-    def start(tenant: str, service: str, principal: str, *args: str, **env: str) -> None:
-        name = f"{tenant}-{service}"
+    def start(tenant: str, service: str, principal: str, *args: str, name: str = "", **env: str) -> None:
+        name = name or f"{tenant}-{service}"
         logs[name] = directory / f"{name}.log"
         settings = stack.settings(topic_prefix=tenant_prefix(tenant), partitions=PARTITIONS)
         procs.append(start_worker(settings, service, logs[name], *args, **stack.env(principal), **env))
@@ -109,6 +96,7 @@ async def cells(tmp_path_factory) -> AsyncIterator[Cells]:
             await stack.grant(Topics(tenant_prefix(tenant), partitions=PARTITIONS), client=tenant_principal(tenant))
         # The planner with a metrics port: its lag sampler once logged GroupAuthorizationFailedError every 5 s.
         start(ACME, "planner", "planner", AGENTSTREAM_METRICS_PORT="0", AGENTSTREAM_TELEMETRY_INTERVAL_S="1")
+        start(ACME, "planner", "planner", name="acme-planner-2")  # two: each owns half the partitions
         start(ACME, "inference", "inference")
         start(ACME, "tools", "tools", *TOOLS)
         start(BETA, "all", "worker", *TOOLS, **QUOTAS_BETA)

@@ -25,7 +25,7 @@ from agentstream.streams.client import AgentClient
 from agentstream.streams.codec import codec_for
 from agentstream.streams.events import InferenceCompleted, TaskSubmitted, new_run_id
 from tests.integration.acl_probes import send
-from tests.integration.hostile.conftest import ACME, BETA, Cells
+from tests.integration.hostile.conftest import ACME, BETA, PLANNERS, Cells
 from tests.integration.processes import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -109,12 +109,12 @@ async def test_an_overlong_run_id_is_refused_at_decoding(cells: Cells):
         assert (await client.wait(await client.submit("What is 3 * 3?", tools=["calculator"], prefetch=False),
                                   timeout=60)).ok
     await asyncio.sleep(0.5)  # the planner's lines about it are written
-    assert huge[:1000] not in cells.log_text("acme-planner")
+    assert huge[:1000] not in cells.log_text(*PLANNERS)
 
 
 async def test_a_planner_with_a_metrics_port_has_the_rights_its_lag_sampler_needs(cells: Cells):
     """Also found: with a metrics port the planner logged GroupAuthorizationFailedError every 5 s on the
     secure stack. Its sampler runs every second here (AGENTSTREAM_TELEMETRY_INTERVAL_S=1)."""
     await asyncio.sleep(3)
-    text = cells.log_text("acme-planner")
+    text = cells.log_text(*PLANNERS)
     assert "sample failed" not in text and "AuthorizationFailed" not in text, text[-3000:]

@@ -24,7 +24,7 @@ from agentstream.streams.acls import tenant_principal
 from agentstream.streams.events import TaskSubmitted, new_run_id
 from agentstream.streams.registry import LocalRegistry, schema_id
 from tests.integration.acl_probes import can_write, producer, send
-from tests.integration.hostile.conftest import ACME, Cells
+from tests.integration.hostile.conftest import ACME, PLANNERS, Cells
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -71,7 +71,7 @@ async def test_a_schema_that_would_wedge_the_planner_is_not_learnt(cells: Cells)
     where = await send(cells.stack, tenant_principal(ACME), topics.tasks, record, run_id, topics.partition_for(run_id))
     letter = await cells.dead_letter(ACME, topics.tasks, where)
     assert letter.error_kind == "unknown_schema", letter
-    assert "can encode in zero bytes" in cells.log_text("acme-planner")
+    assert "can encode in zero bytes" in cells.log_text(*PLANNERS)
     async with cells.client(ACME) as client:
         assert (await client.wait(await client.submit("What is 4 * 4?", tools=["calculator"], prefetch=False),
                                   timeout=60)).ok
@@ -95,7 +95,7 @@ async def test_a_flood_of_junk_schemas_is_read_through_and_logged_in_a_few_lines
     async with cells.client(ACME) as client:
         assert (await client.wait(await client.submit("What is 5 * 5?", tools=["calculator"], prefetch=False),
                                   timeout=60)).ok
-    lines = [line for line in cells.log_text("acme-planner").splitlines() if f"{topics.schemas}@" in line]
+    lines = [line for line in cells.log_text(*PLANNERS).splitlines() if f"{topics.schemas}@" in line]
     assert len(lines) < 50, f"{len(lines)} lines about skipped schema records, e.g. {lines[:3]}"
-    assert "more records skipped in this read" in cells.log_text("acme-planner")
+    assert "more records skipped in this read" in cells.log_text(*PLANNERS)
 
