@@ -23,47 +23,47 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 #: Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
     # the client and what it returns
-    "AgentClient": "agentstream.streams.client",
-    "TokenEvent": "agentstream.streams.client",
-    "RunResult": "agentstream.streams.outcomes",
-    "RunDetails": "agentstream.streams.client",
-    "StepDetails": "agentstream.streams.client",
-    "RecordedEvent": "agentstream.streams.client",
-    "RunStatus": "agentstream.streams.kinds",
-    "StepKind": "agentstream.streams.kinds",
-    "Settings": "agentstream.streams.config",
+    "AgentClient": "agentstream.streams.client.agent_client",
+    "TokenEvent": "agentstream.streams.client.agent_client",
+    "RunResult": "agentstream.streams.client.outcomes",
+    "RunDetails": "agentstream.streams.client.agent_client",
+    "StepDetails": "agentstream.streams.client.agent_client",
+    "RecordedEvent": "agentstream.streams.client.agent_client",
+    "RunStatus": "agentstream.streams.core.kinds",
+    "StepKind": "agentstream.streams.core.kinds",
+    "Settings": "agentstream.streams.config.settings",
     # events, as they travel on the topics
-    "Event": "agentstream.streams.events",
-    "EVENT_TYPES": "agentstream.streams.events",
-    "Message": "agentstream.streams.events",
-    "TaskSubmitted": "agentstream.streams.events",
-    "TokenChunk": "agentstream.streams.events",
-    "RunCompleted": "agentstream.streams.events",
-    "RunFailed": "agentstream.streams.events",
-    "new_run_id": "agentstream.streams.events",
-    "Codec": "agentstream.streams.codec",
-    "codec_for": "agentstream.streams.codec",
+    "Event": "agentstream.streams.core.events",
+    "EVENT_TYPES": "agentstream.streams.core.events",
+    "Message": "agentstream.streams.core.events",
+    "TaskSubmitted": "agentstream.streams.core.events",
+    "TokenChunk": "agentstream.streams.core.events",
+    "RunCompleted": "agentstream.streams.core.events",
+    "RunFailed": "agentstream.streams.core.events",
+    "new_run_id": "agentstream.streams.core.events",
+    "Codec": "agentstream.streams.kafka.codec",
+    "codec_for": "agentstream.streams.kafka.codec",
     # writing tools ([worker])
     "tool": "agentstream.services.tools.registry",
     "ToolContext": "agentstream.services.tools.registry",
     # testing a pipeline in-process ([worker])
     "Pipeline": "agentstream.testing",
     # errors: one root, AgentStreamError
-    "AgentStreamError": "agentstream.streams.errors",
-    "ConfigError": "agentstream.streams.errors",
-    "StackError": "agentstream.streams.errors",
-    "MigrationError": "agentstream.streams.errors",
-    "Unavailable": "agentstream.streams.errors",
-    "MissingExtra": "agentstream.streams.extras",
-    "TaskRejected": "agentstream.streams.client",
-    "DecodeError": "agentstream.streams.codec",
-    "UnknownSchema": "agentstream.streams.registry",
-    "EventTooLarge": "agentstream.streams.claims",
-    "ClaimMissing": "agentstream.streams.claims",
-    "TopicsMissing": "agentstream.streams.topics",
-    "TopicMismatch": "agentstream.streams.topics",
-    "ToolCatalogUnavailable": "agentstream.streams.tool_catalog",
-    "DeadLetterError": "agentstream.streams.dlq",
+    "AgentStreamError": "agentstream.streams.core.errors",
+    "ConfigError": "agentstream.streams.core.errors",
+    "StackError": "agentstream.streams.core.errors",
+    "MigrationError": "agentstream.streams.core.errors",
+    "Unavailable": "agentstream.streams.core.errors",
+    "MissingExtra": "agentstream.streams.core.extras",
+    "TaskRejected": "agentstream.streams.client.agent_client",
+    "DecodeError": "agentstream.streams.kafka.codec",
+    "UnknownSchema": "agentstream.streams.kafka.registry",
+    "EventTooLarge": "agentstream.streams.kafka.claims",
+    "ClaimMissing": "agentstream.streams.kafka.claims",
+    "TopicsMissing": "agentstream.streams.kafka.topics",
+    "TopicMismatch": "agentstream.streams.kafka.topics",
+    "ToolCatalogUnavailable": "agentstream.streams.catalog.tools",
+    "DeadLetterError": "agentstream.streams.runtime.dead_letters",
     "ToolError": "agentstream.services.tools.registry",
     "ToolArgumentError": "agentstream.services.tools.registry",
     "BackendError": "agentstream.services.inference.backends.base",
@@ -124,7 +124,7 @@ def __getattr__(name: str) -> Any:
     try:
         value = getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as exc:
-        from agentstream.streams.extras import missing_extra
+        from agentstream.streams.core.extras import missing_extra
 
         missing = missing_extra(exc, f"agentstream.{name}")
         if missing is None:
@@ -142,8 +142,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
     from agentstream.replay.rerun import ReplayError
     from agentstream.services.inference.backends.base import BackendError
     from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, tool
-    from agentstream.streams.claims import ClaimMissing, EventTooLarge
-    from agentstream.streams.client import (
+    from agentstream.streams.catalog.tools import ToolCatalogUnavailable
+    from agentstream.streams.client.agent_client import (
         AgentClient,
         RecordedEvent,
         RunDetails,
@@ -151,17 +151,16 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
         TaskRejected,
         TokenEvent,
     )
-    from agentstream.streams.codec import Codec, DecodeError, codec_for
-    from agentstream.streams.config import Settings
-    from agentstream.streams.dlq import DeadLetterError
-    from agentstream.streams.errors import (
+    from agentstream.streams.client.outcomes import RunResult
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.core.errors import (
         AgentStreamError,
         ConfigError,
         MigrationError,
         StackError,
         Unavailable,
     )
-    from agentstream.streams.events import (
+    from agentstream.streams.core.events import (
         EVENT_TYPES,
         Event,
         Message,
@@ -171,10 +170,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
         TokenChunk,
         new_run_id,
     )
-    from agentstream.streams.extras import MissingExtra
-    from agentstream.streams.kinds import RunStatus, StepKind
-    from agentstream.streams.outcomes import RunResult
-    from agentstream.streams.registry import UnknownSchema
-    from agentstream.streams.tool_catalog import ToolCatalogUnavailable
-    from agentstream.streams.topics import TopicMismatch, TopicsMissing
+    from agentstream.streams.core.extras import MissingExtra
+    from agentstream.streams.core.kinds import RunStatus, StepKind
+    from agentstream.streams.kafka.claims import ClaimMissing, EventTooLarge
+    from agentstream.streams.kafka.codec import Codec, DecodeError, codec_for
+    from agentstream.streams.kafka.registry import UnknownSchema
+    from agentstream.streams.kafka.topics import TopicMismatch, TopicsMissing
+    from agentstream.streams.runtime.dead_letters import DeadLetterError
     from agentstream.testing import Pipeline

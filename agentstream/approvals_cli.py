@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agentstream.streams.approvals import Decision
-from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.core.approvals import Decision
+from agentstream.streams.core.errors import AgentStreamError
 
 console = Console()
 err = Console(stderr=True)
@@ -57,8 +57,8 @@ def approvals(as_json: bool = typer.Option(False, "--json", help="Print one JSON
     """Tool calls waiting for a person's approval (this login's cell; --operator: every cell's)."""
     import asyncio
 
-    from agentstream.streams.client import AgentClient
-    from agentstream.streams.config import use_database_login
+    from agentstream.streams.client.agent_client import AgentClient
+    from agentstream.streams.config.settings import use_database_login
 
     if operator:
         use_database_login(OPERATOR_READER)
@@ -81,8 +81,8 @@ def approvals(as_json: bool = typer.Option(False, "--json", help="Print one JSON
 def _decide(run_id: str, step_id: str, approved: bool, reason: str, by: str, as_json: bool) -> None:
     import asyncio
 
-    from agentstream.streams.client import AgentClient
-    from agentstream.streams.config import use_database_login
+    from agentstream.streams.client.agent_client import AgentClient
+    from agentstream.streams.config.settings import use_database_login
 
     use_database_login("approver")  # on the local secure stack: its approver login (docs/security.md)
 

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from agentstream.approvals_cli import register as register_approvals
 from agentstream.replay.cli import app as replay_app
-from agentstream.streams.errors import AgentStreamError
-from agentstream.streams.extras import missing_extra
+from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.extras import missing_extra
 
 app = typer.Typer(help="agentstream: AI agents as event streams on Apache Kafka.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -44,7 +44,7 @@ def dev_up(
 ) -> None:
     """Start Kafka and PostgreSQL (if not running), apply migrations, print where they listen."""
     from agentstream.devstack.stack import DevStack
-    from agentstream.streams.config import mask_url
+    from agentstream.streams.config.settings import mask_url
 
     stack = DevStack()
     with console.status("starting Kafka and PostgreSQL…"):
@@ -71,7 +71,7 @@ def dev_status(as_json: bool = typer.Option(False, "--json", help="Print one JSO
     """Show where Kafka and PostgreSQL are and whether they are running (exit 1 when not). Passwords in
     the URLs are masked; the stack's own are in its state file (stack.json, readable by its owner only)."""
     from agentstream.devstack.stack import DevStack
-    from agentstream.streams.config import mask_url
+    from agentstream.streams.config.settings import mask_url
 
     status = DevStack().status()
     if as_json:
@@ -101,7 +101,7 @@ def dev_check() -> None:
     import asyncio
 
     from agentstream.devstack.check import run_check
-    from agentstream.streams.config import Settings, mask_url, use_kafka_principal
+    from agentstream.streams.config.settings import Settings, mask_url, use_kafka_principal
 
     use_kafka_principal("admin")  # on a secure stack: a throwaway topic is the administrator's to create
     settings = Settings.load()
@@ -126,7 +126,7 @@ def submit(
     """Publish a task to agent.tasks (refused with a clear message if it is invalid)."""
     import asyncio
 
-    from agentstream.streams.client import AgentClient
+    from agentstream.streams.client.agent_client import AgentClient
 
     async def go() -> dict:
         async with AgentClient() as client:
@@ -169,7 +169,7 @@ def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with 
     """Stop a run: it fails with error_code 'cancelled' and a generation in progress is aborted."""
     import asyncio
 
-    from agentstream.streams.client import AgentClient
+    from agentstream.streams.client.agent_client import AgentClient
 
     async def go() -> None:
         async with AgentClient() as client:
@@ -189,7 +189,7 @@ def ingest(
 ) -> None:
     """Chunk, embed and store text/markdown files for retrieval (re-ingesting adds only what is new)."""
     from agentstream.services.retrieval.ingest import run_ingest_cli
-    from agentstream.streams.config import use_database_login
+    from agentstream.streams.config.settings import use_database_login
 
     use_database_login("postgres")  # the corpus is written with the schema owner's login (docs/security.md)
     stats = run_ingest_cli(paths, collection, err if as_json else console, chunk_chars=chunk_chars,
@@ -207,8 +207,8 @@ def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Prin
     import asyncio
 
     from agentstream.approvals_cli import OPERATOR_READER
-    from agentstream.streams.client import AgentClient
-    from agentstream.streams.config import use_database_login
+    from agentstream.streams.client.agent_client import AgentClient
+    from agentstream.streams.config.settings import use_database_login
 
     if operator:
         use_database_login(OPERATOR_READER)
@@ -286,7 +286,7 @@ def worker(
     from agentstream.services.tools.builtin import BuiltinConfig
     from agentstream.services.tools.http import HttpGetConfig
     from agentstream.services.worker import SERVICES, WorkerOptions, serve
-    from agentstream.streams.config import (
+    from agentstream.streams.config.settings import (
         TrtLlmSettings,
         model_api_key,
         tool_environment,
@@ -328,7 +328,7 @@ def top(
     once: bool = typer.Option(False, "--once", help="Print one snapshot and exit."),
 ) -> None:
     """Live dashboard of the workers: steps/s by service, runs/s, lag, backlog, TTFT, tokens/s, errors."""
-    from agentstream.streams.telemetry.top import run_top
+    from agentstream.ops.top import run_top
 
     try:
         status = run_async(run_top(endpoints, interval, once, Console()))
@@ -345,7 +345,7 @@ def alerts(
 ) -> None:
     """Raise alerts (slow thinking, tool failure rate, lag) as events on agent.alerts and log lines."""
     from agentstream.services.alerts.app import run_alerts
-    from agentstream.streams.config import use_kafka_principal
+    from agentstream.streams.config.settings import use_kafka_principal
 
     use_kafka_principal("alerts")
     run_alerts(loglevel=log_level, from_start=from_start)
@@ -370,7 +370,7 @@ def demo(
     raise typer.Exit(0 if ok else 1)
 
 
-# -- dead letters (streams/dlq.py) -----------------------------------------------------------------------
+# -- dead letters (streams/runtime/dead_letters.py) -----------------------------------------------------------------------
 dlq = typer.Typer(help="Dead letters (agent.dlq): list them, show one, re-drive them to their source topic.",
                   no_args_is_help=True)
 app.add_typer(dlq, name="dlq")
@@ -379,7 +379,7 @@ app.add_typer(dlq, name="dlq")
 @dlq.callback()
 def _dlq_principal() -> None:
     """On a secure stack, dead letters are the operator's (docs/security.md)."""
-    from agentstream.streams.config import use_kafka_principal
+    from agentstream.streams.config.settings import use_kafka_principal
 
     use_kafka_principal("operator")
 
@@ -395,8 +395,8 @@ def dlq_list(
 ) -> None:
     """Dead letters, oldest first: where each record came from, which service gave up on it and why."""
 
-    from agentstream.streams.config import Settings
-    from agentstream.streams.dlq import DeadLetters, StoredLetter
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.runtime.dead_letters import DeadLetters, StoredLetter
 
     async def go() -> list[StoredLetter]:
         async with DeadLetters(Settings.load()) as letters:
@@ -430,8 +430,8 @@ def dlq_show(offset: int = typer.Argument(..., help="The letter's offset in the 
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Everything a letter holds, and the original event decoded when it decodes."""
 
-    from agentstream.streams.config import Settings
-    from agentstream.streams.dlq import DeadLetters
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.runtime.dead_letters import DeadLetters
 
     async def go() -> dict:
         async with DeadLetters(Settings.load()) as letters:
@@ -475,8 +475,8 @@ def dlq_redrive(
     letter is re-driven once unless --force; a truncated letter's original is read back from its source
     topic while it is retained. Exits 1 when a letter was refused or its publish failed."""
 
-    from agentstream.streams.config import Settings
-    from agentstream.streams.dlq import DeadLetters, RedriveResult
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.runtime.dead_letters import DeadLetters, RedriveResult
 
     if bool(offsets) == every:
         err.print("[red]error:[/red] name the letters' offsets, or --all (not both)")
@@ -519,7 +519,7 @@ def contract_asyncapi(
     the committed copy: regenerate it with --out docs/asyncapi.json after changing topics or schemas)."""
     from pathlib import Path
 
-    from agentstream.streams.asyncapi import build_document, render
+    from agentstream.ops.asyncapi import build_document, render
 
     text = render(build_document())
     if out is None:
@@ -536,7 +536,7 @@ def migrate() -> None:
     import logging
 
     from agentstream.services.worker import prepare
-    from agentstream.streams.config import Settings, use_kafka_principal
+    from agentstream.streams.config.settings import Settings, use_kafka_principal
 
     use_kafka_principal("admin")  # creates topics; on the local secure stack: the administrator and the owner
 
@@ -555,9 +555,9 @@ def acls(
     from the topic contract; `--apply` creates them (idempotent). `dev up --secure` applies them itself."""
     import json
 
-    from agentstream.streams.acls import acl_bindings, apply_acls
-    from agentstream.streams.config import Settings
-    from agentstream.streams.topics import Topics
+    from agentstream.ops.acls import acl_bindings, apply_acls
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.kafka.topics import Topics
 
     settings = Settings.load()
     bindings = acl_bindings(Topics.of(settings))
@@ -614,7 +614,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     installed (it comes with the [worker] extra; a client's commands run as well on asyncio's loop)."""
     import asyncio
 
-    from agentstream.streams.config import uvloop_enabled
+    from agentstream.streams.config.settings import uvloop_enabled
 
     if uvloop_enabled():
         try:

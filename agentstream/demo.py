@@ -20,9 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams import resources
-from agentstream.streams.config import Settings, mask_url
-from agentstream.streams.errors import StackError
+from agentstream.streams.config.settings import Settings, mask_url
+from agentstream.streams.core import resources
+from agentstream.streams.core.errors import StackError
 from agentstream.testing import Pipeline
 
 SAMPLE_TASK = "What is 17 * 23?"

@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.services.worker import SERVICES, Worker, WorkerOptions
-from agentstream.streams.client import AgentClient
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
-from agentstream.streams.events import Event
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.events import Event
+from agentstream.streams.kafka.codec import codec_for
 
 
 @dataclass

@@ -53,9 +53,9 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.client import AgentClient
-from agentstream.streams.config import Settings, mask_url
-from agentstream.streams.topics import Topics, ensure_topics
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.config.settings import Settings, mask_url
+from agentstream.streams.kafka.topics import Topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

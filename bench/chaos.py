@@ -73,9 +73,9 @@ from chaos_tools import CREATE_EFFECTS_TABLE
 
 from agentstream.devstack import process
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.client import AgentClient
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.kafka.codec import codec_for
 
 SESSION_TIMEOUT_MS = 6000
 TOOLS_MODULE = "bench.chaos_tools"

@@ -23,8 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaProducer
 
-from agentstream.streams.codec import Codec
-from agentstream.streams.events import (
+from agentstream.streams.core.events import (
     Event,
     InferenceCompleted,
     InferenceRequested,
@@ -36,7 +35,8 @@ from agentstream.streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from agentstream.streams.topics import Topics
+from agentstream.streams.kafka.codec import Codec
+from agentstream.streams.kafka.topics import Topics
 
 POISON_PREFIX = "poison-"
 POISON_LARGE_BYTES = 2 * 1024 * 1024

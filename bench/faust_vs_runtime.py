@@ -25,18 +25,18 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from agentstream.devstack.stack import DevStack
-from agentstream.streams.config import Settings
-from agentstream.streams.topics import TopicSpec, ensure_topics
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
 
 HERE = Path(__file__).resolve().parent
 PARTITIONS = 4
 
 RUNTIME_WORKER = """
 import asyncio, os, signal
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
-from agentstream.streams.runtime import Runtime, ServiceConfig, ServiceRunner
-from agentstream.streams.events import TokenChunk
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.runtime.runner import Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.core.events import TokenChunk
 
 async def main():
     settings = Settings.load()
@@ -72,8 +72,8 @@ async def run(kind: str, bootstrap: str, events: int) -> dict[str, float]:
     await ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in topics.values()])
     env = {**os.environ, **topics, "APP_ID": f"bench-{kind}-{tag}", "BOOTSTRAP": bootstrap,
            "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "PARTITIONS": str(PARTITIONS)}
-    from agentstream.streams.codec import codec_for
-    from agentstream.streams.events import TokenChunk
+    from agentstream.streams.core.events import TokenChunk
+    from agentstream.streams.kafka.codec import codec_for
 
     codec = codec_for(Settings.load())
 

@@ -1,7 +1,7 @@
 """What PostgreSQL spends recording the planner's transitions, by group-commit size.
 
 The planner records every transition through one call of ``agentstream_record_transitions`` (migration
-0008) per batch (streams/store.py: group commit). At one run in flight each call carries one
+0008) per batch (streams/store/history.py: group commit). At one run in flight each call carries one
 transition; at 50 in flight, about 13. This benchmark measures what that difference is worth, on the
 documents the real planner wrote:
 
@@ -44,8 +44,8 @@ import asyncpg
 from proc_cpu import cpu_seconds
 
 from agentstream.devstack.stack import DevStack
-from agentstream.streams import migrations
-from agentstream.streams.store import CAPTURE_ENV
+from agentstream.streams.store import migrations
+from agentstream.streams.store.history import CAPTURE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRATCH = "agentstream_history_bench"

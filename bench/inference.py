@@ -43,11 +43,17 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agentstream.devstack.stack import DevStack
 from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.llamacpp import LlamaCppBackend
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
-from agentstream.streams.events import InferenceCompleted, InferenceRequested, Message, TokenChunk, step_id
-from agentstream.streams.runtime import Runtime
-from agentstream.streams.topics import Topics, ensure_topics
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.events import (
+    InferenceCompleted,
+    InferenceRequested,
+    Message,
+    TokenChunk,
+    step_id,
+)
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.runtime.runner import Runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS = 8

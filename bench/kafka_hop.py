@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from agentstream.devstack.stack import DevStack
-from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 
 
 async def one_round(bootstrap: str, records: int, topics: int, partitions: int,
@@ -81,7 +81,7 @@ async def compare_secure(records: int, rounds: int, topics: int, partitions: int
     from pathlib import Path
 
     from agentstream.devstack.private import PrivateStack
-    from agentstream.streams.acls import AclBinding, Operation, Pattern, Resource, apply_acls
+    from agentstream.ops.acls import AclBinding, Operation, Pattern, Resource, apply_acls
 
     with tempfile.TemporaryDirectory(prefix="kafka-hop.") as tmp:
         plain, secure = PrivateStack(Path(tmp) / "plain"), PrivateStack(Path(tmp) / "secure", secure=True)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from agentstream.deploy.podman import KubePlay, podman, rendering
 from agentstream.devstack.stack import DevStack
-from agentstream.streams.client import AgentClient, TaskRejected
-from agentstream.streams.config import Settings
-from agentstream.streams.topics import Topics
+from agentstream.streams.client.agent_client import AgentClient, TaskRejected
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.kafka.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "infra" / "container" / "containers.conf"

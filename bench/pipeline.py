@@ -59,13 +59,13 @@ from proc_cpu import cpu_seconds
 from scripted_agent import run_agent
 
 from agentstream.devstack.stack import DevStack
-from agentstream.streams.client import AgentClient
-from agentstream.streams.config import Settings
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover
 from agentstream.streams.telemetry.tracing import Tracing
-from agentstream.streams.topics import Topics, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 

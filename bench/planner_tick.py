@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from agentstream.services.planner import machine
 from agentstream.services.planner.cache import RunCache
 from agentstream.services.planner.service import Planner
-from agentstream.streams.events import TaskSubmitted
+from agentstream.streams.core.events import TaskSubmitted
 
 
 def main() -> None:

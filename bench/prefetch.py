@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from agentstream.devstack.stack import DevStack
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.config import Settings
+from agentstream.streams.config.settings import Settings
 from agentstream.testing import Pipeline
 
 DOC = ("Log compaction keeps the latest value for every key of a Kafka topic and removes older values, "

@@ -58,11 +58,11 @@ sys.path.insert(0, str(ROOT))
 from agentstream.devstack import process  # noqa: E402
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher  # noqa: E402
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir  # noqa: E402
-from agentstream.streams import migrations  # noqa: E402
-from agentstream.streams.client import AgentClient  # noqa: E402
-from agentstream.streams.config import DEFAULT_DATABASE, Settings, StackPaths  # noqa: E402
+from agentstream.streams.client.agent_client import AgentClient  # noqa: E402
+from agentstream.streams.config.settings import DEFAULT_DATABASE, Settings, StackPaths  # noqa: E402
+from agentstream.streams.kafka.topics import Topics, ensure_topics  # noqa: E402
 from agentstream.streams.replay import timeline  # noqa: E402
-from agentstream.streams.topics import Topics, ensure_topics  # noqa: E402
+from agentstream.streams.store import migrations  # noqa: E402
 from bench.chaos_procs import groups_ready, terminate_all  # noqa: E402
 from bench.testnet import TestNetwork, available  # noqa: E402
 

@@ -28,12 +28,12 @@ import uuid
 from dataclasses import replace
 
 from agentstream.devstack.stack import DevStack
+from agentstream.replay.html import render
 from agentstream.replay.rerun import ReplaySession, delete_topics
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.replay import timeline
-from agentstream.streams.replay.html import render
 from agentstream.testing import Pipeline
 
 TOOL_CALLS = 50

@@ -45,8 +45,8 @@ import numpy as np
 from agentstream.services.retrieval import search
 from agentstream.services.retrieval.embeddings import DIM, Embedder, shared_encoder
 from agentstream.services.retrieval.ingest import chunk_file
-from agentstream.streams import db, migrations
-from agentstream.streams.config import Settings
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.store import db, migrations
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENT = 32

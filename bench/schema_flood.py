@@ -36,12 +36,12 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from proc_cpu import cpu_seconds
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.client import AgentClient, TaskRejected
-from agentstream.streams.events import DeadLetter, TaskSubmitted, new_run_id
-from agentstream.streams.kafka_auth import kafka_options
-from agentstream.streams.registry import LocalRegistry
-from agentstream.streams.schema_log import encode_schema
-from agentstream.streams.topics import Topics
+from agentstream.streams.client.agent_client import AgentClient, TaskRejected
+from agentstream.streams.config.kafka_auth import kafka_options
+from agentstream.streams.core.events import DeadLetter, TaskSubmitted, new_run_id
+from agentstream.streams.kafka.registry import LocalRegistry
+from agentstream.streams.kafka.schema_log import encode_schema
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import end_offsets, read_events
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,9 +12,9 @@ from agentstream.services.inference.backends.scripted import scripted_reply
 from agentstream.services.planner import machine
 from agentstream.services.planner.state import RunState
 from agentstream.services.tools.builtin import evaluate
-from agentstream.streams.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
-from agentstream.streams.tool_catalog import ToolInfo
-from agentstream.streams.topics import Topics
+from agentstream.streams.core.events import InferenceCompleted, TaskSubmitted, ToolCallCompleted
+from agentstream.streams.core.tools import ToolInfo
+from agentstream.streams.kafka.topics import Topics
 
 CALCULATOR = [ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object"})]
 

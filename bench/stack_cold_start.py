@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agentstream.devstack.kafka import KafkaLauncher
 from agentstream.devstack.process import free_port
-from agentstream.streams.config import StackPaths
+from agentstream.streams.config.settings import StackPaths
 
 
 def _cli(env: dict[str, str], *args: str) -> float:

@@ -25,23 +25,23 @@ import asyncpg
 
 from agentstream.services.inference.backends.base import Backend
 from agentstream.services.tools.builtin import BuiltinConfig
-from agentstream.streams import db, migrations
-from agentstream.streams.claims import ClaimStore
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
-from agentstream.streams.errors import ConfigError
-from agentstream.streams.events import default_instance
-from agentstream.streams.outages import DATABASE, wait_out
-from agentstream.streams.outcomes import OutcomeWatcher
-from agentstream.streams.runtime import Runtime, ServiceRunner, run_services
+from agentstream.streams.catalog.tools import ToolCatalog, register
+from agentstream.streams.client.outcomes import OutcomeWatcher
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.core.events import default_instance
+from agentstream.streams.core.outages import DATABASE, wait_out
+from agentstream.streams.kafka.claims import ClaimStore
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.kafka.topics import Topics, ensure_topics, wait_for_group_coordinator
+from agentstream.streams.runtime.runner import Runtime, ServiceRunner, run_services
+from agentstream.streams.store import db, migrations
 from agentstream.streams.telemetry import discovery
 from agentstream.streams.telemetry.backlog import BacklogSampler
 from agentstream.streams.telemetry.http import MetricsServer
 from agentstream.streams.telemetry.lag import GroupOffsets, LagSampler, sample_forever
 from agentstream.streams.telemetry.metrics import Metrics
 from agentstream.streams.telemetry.tracing import Tracing
-from agentstream.streams.tool_catalog import ToolCatalog, register
-from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coordinator
 
 if TYPE_CHECKING:  # imported where used: each service loads only what it needs
     from agentstream.services.inference.service import InferenceService
@@ -237,7 +237,7 @@ class Worker:
             self.runners.append(inference.service(**overrides))
         if "planner" in self.names:
             from agentstream.services.planner.service import Planner
-            from agentstream.streams.store import TransitionStore
+            from agentstream.streams.store.history import TransitionStore
 
             self.writer = await wait_out(lambda: db.create_pool(s.database_url, min_size=2, max_size=2), "connecting")
             self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer),

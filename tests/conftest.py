@@ -26,9 +26,9 @@ import pytest
 
 from agentstream.devstack.kafka import wait_for_metadata
 from agentstream.devstack.process import free_port
-from agentstream.streams import migrations
-from agentstream.streams.config import StackPaths
-from agentstream.streams.topics import TopicSpec, ensure_topics
+from agentstream.streams.config.settings import StackPaths
+from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
+from agentstream.streams.store import migrations
 
 KAFKA_IMAGE = "apache/kafka:4.0.2"
 POSTGRES_IMAGE = "pgvector/pgvector:pg18"
@@ -176,7 +176,7 @@ async def topic_factory(kafka_bootstrap: str, unique: str) -> AsyncIterator[Topi
 @pytest.fixture(scope="session")
 def settings(infra: Infra, database_url: str):
     """Settings for the session's broker and database (tests give each pipeline its own prefix)."""
-    from agentstream.streams.config import Settings
+    from agentstream.streams.config.settings import Settings
 
     return Settings(kafka_bootstrap=infra.kafka, database_url=database_url, partitions=4,
                     session_timeout_ms=6000)

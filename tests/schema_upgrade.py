@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from agentstream.streams import resources
+from agentstream.streams.core import resources
 
 #: The field the newer release adds (optional, with a default: a compatible change both ways).
 PROBE = {"name": "upgrade_probe", "type": ["null", "string"], "default": None}

@@ -18,10 +18,10 @@ import base64
 from typing import Any
 
 from agentstream.deploy.values import Values
-from agentstream.streams.config import DEFAULT_DATABASE
-from agentstream.streams.errors import ConfigError
-from agentstream.streams.runtime import ServiceConfig
-from agentstream.streams.topics import Topics
+from agentstream.streams.config.settings import DEFAULT_DATABASE
+from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.kafka.topics import Topics
+from agentstream.streams.runtime.runner import ServiceConfig
 
 Obj = dict[str, Any]
 

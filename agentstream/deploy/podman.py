@@ -17,8 +17,8 @@ from typing import Any
 
 from agentstream.deploy import manifests, values
 from agentstream.deploy.render import to_yaml
-from agentstream.streams.config import Settings
-from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import AgentStreamError
 
 Obj = dict[str, Any]
 PLAYED = ("ConfigMap", "Pod", "Deployment")

@@ -12,15 +12,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentstream.streams import resources
-from agentstream.streams.config import mask_url
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.config.settings import mask_url
+from agentstream.streams.core import resources
+from agentstream.streams.core.errors import ConfigError
 
 Values = dict[str, Any]
 
 
 def _yaml() -> Any:
-    from agentstream.streams.extras import MissingExtra
+    from agentstream.streams.core.extras import MissingExtra
 
     try:
         import yaml

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agentstream.streams import db
-from agentstream.streams.config import Settings
-from agentstream.streams.topics import TopicSpec, ensure_topics
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
+from agentstream.streams.store import db
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from typing import Any
 
 from agentstream.devstack import files, process
 from agentstream.devstack.secure import StackSecrets
-from agentstream.streams.config import mask_url
-from agentstream.streams.errors import StackError
-from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.config.settings import mask_url
+from agentstream.streams.core.errors import StackError
 
 JVM_OPTS = [
     "-Xms256m",

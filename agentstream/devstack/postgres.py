@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentstream.devstack import files, process
-from agentstream.streams.errors import StackError
-from agentstream.streams.extras import MissingExtra
+from agentstream.streams.core.errors import StackError
+from agentstream.streams.core.extras import MissingExtra
 
 SUPERUSER = "postgres"
 

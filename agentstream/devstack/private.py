@@ -39,9 +39,9 @@ from agentstream.devstack import files, process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets, create_database_logins
-from agentstream.streams import migrations
-from agentstream.streams.acls import ADMIN, acl_bindings, apply_acls
-from agentstream.streams.config import (
+from agentstream.ops.acls import ADMIN, acl_bindings, apply_acls
+from agentstream.streams.config.kafka_auth import KafkaAuth
+from agentstream.streams.config.settings import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
     DEFAULT_POSTGRES_PORT,
@@ -50,9 +50,9 @@ from agentstream.streams.config import (
     read_state,
     write_state,
 )
-from agentstream.streams.errors import StackError
-from agentstream.streams.kafka_auth import KafkaAuth
-from agentstream.streams.topics import Topics, ensure_topics
+from agentstream.streams.core.errors import StackError
+from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.store import migrations
 
 _SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})
 

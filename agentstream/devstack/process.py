@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentstream.devstack.files import PRIVATE_UMASK, open_private_log
-from agentstream.streams.errors import StackError
+from agentstream.streams.core.errors import StackError
 
 
 def port_in_use(host: str, port: int) -> bool:

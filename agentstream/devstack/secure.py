@@ -1,6 +1,6 @@
 """The local stack's credentials (``agentstream dev up --secure``): one password per principal and login.
 
-Each Kafka principal of ``streams/acls.py`` (and the super user ``admin``) gets a random password in
+Each Kafka principal of ``agentstream/ops/acls.py`` (and the super user ``admin``) gets a random password in
 ``<state dir>/secrets/<name>.password``, each PostgreSQL login (``DATABASE_LOGINS``: the superuser that
 owns the schema, each service's, the read-only ``client``, the ``operator-reader`` and the
 ``approver``) one in ``db-<login>.password`` (directory 0700, files 0600), made once and kept across
@@ -24,8 +24,8 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentstream.streams.acls import ADMIN, PRINCIPALS, tenant_prefix, tenant_principal
-from agentstream.streams.kafka_auth import KafkaAuth
+from agentstream.ops.acls import ADMIN, PRINCIPALS, tenant_prefix, tenant_principal
+from agentstream.streams.config.kafka_auth import KafkaAuth
 
 _SERVICE_ROLES = ("agentstream_planner", "agentstream_tools", "agentstream_retrieval", "agentstream_inference")
 #: PostgreSQL logins of the secure stack and the roles they are members of (migrations 0011, 0012 and

@@ -1,7 +1,7 @@
 """``agentstream dev up | down | status``: the local Kafka + PostgreSQL stack as one unit.
 
 The state file (``<state dir>/stack.json``) records the bootstrap servers, the ``DATABASE_URL``, the
-PIDs and directories; every other command reads it through ``agentstream.streams.config.Settings``. A user's own
+PIDs and directories; every other command reads it through ``agentstream.streams.config.settings.Settings``. A user's own
 cluster or database (``KAFKA_BOOTSTRAP_SERVERS`` / ``DATABASE_URL``) is used instead of the local one
 and never started or stopped by us.
 
@@ -30,9 +30,9 @@ from agentstream.devstack import files, process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import StackSecrets, create_database_logins
-from agentstream.streams import migrations
-from agentstream.streams.acls import acl_bindings, apply_acls, tenant_prefix, tenant_principal
-from agentstream.streams.config import (
+from agentstream.ops.acls import acl_bindings, apply_acls, tenant_prefix, tenant_principal
+from agentstream.streams.config.kafka_auth import KafkaAuth
+from agentstream.streams.config.settings import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
     DEFAULT_POSTGRES_PORT,
@@ -44,9 +44,9 @@ from agentstream.streams.config import (
     read_state,
     write_state,
 )
-from agentstream.streams.errors import StackError
-from agentstream.streams.kafka_auth import KafkaAuth
-from agentstream.streams.topics import Topics, ensure_topics, wait_for_group_coordinator
+from agentstream.streams.core.errors import StackError
+from agentstream.streams.kafka.topics import Topics, ensure_topics, wait_for_group_coordinator
+from agentstream.streams.store import migrations
 
 
 @dataclass(frozen=True)

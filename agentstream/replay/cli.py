@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.core.errors import AgentStreamError
 
 app = typer.Typer(help="Replay runs for debugging: timeline, deterministic re-execution, fork, per-step diff.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -28,7 +28,7 @@ T = TypeVar("T")
 @app.callback()
 def _replay_principal() -> None:
     """On a secure stack, replays run as the replay principal (docs/security.md)."""
-    from agentstream.streams.config import use_kafka_principal
+    from agentstream.streams.config.settings import use_kafka_principal
 
     use_kafka_principal("replay")
 
@@ -46,7 +46,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _settings():
-    from agentstream.streams.config import Settings
+    from agentstream.streams.config.settings import Settings
 
     return Settings.load()
 
@@ -85,7 +85,7 @@ def show(run_id: str,
         err.print(f"[red]error:[/red] no run {run_id}")
         raise typer.Exit(2)
     if html is not None:
-        from agentstream.streams.replay.html import render
+        from agentstream.replay.html import render
 
         html.write_text(render(tl), encoding="utf-8")
     if as_json:
@@ -226,9 +226,9 @@ def print_diff(d) -> None:
 @app.command()
 def diff(run_a: str, run_b: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Align two runs' steps and show what differs; exit 1 when their decisions differ."""
-    from agentstream.streams import db
     from agentstream.streams.replay.diff import diff_runs
     from agentstream.streams.replay.timeline import summaries
+    from agentstream.streams.store import db
 
     async def go():
         pool = await db.create_pool(_settings().database_url, min_size=1, max_size=2)

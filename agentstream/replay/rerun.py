@@ -33,16 +33,16 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.services.replay.responder import LiveHandlers, Recording, Responder, parse_step
 from agentstream.services.worker import SERVICES, Worker, WorkerOptions, make_backend
-from agentstream.streams import tracing
-from agentstream.streams.client import AgentClient
-from agentstream.streams.config import Settings
-from agentstream.streams.errors import AgentStreamError
-from agentstream.streams.events import TaskSubmitted, new_run_id
-from agentstream.streams.outcomes import RunResult
+from agentstream.streams.catalog.tools import copy_catalogue
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.client.outcomes import RunResult
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.events import TaskSubmitted, new_run_id
+from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.streams.replay import timeline
 from agentstream.streams.replay.diff import RunDiff, WindowReport, diff_runs, window_report
-from agentstream.streams.tool_catalog import copy_catalogue
-from agentstream.streams.topics import Topics, ensure_topics
+from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger(__name__)
 MODES = ("recorded", "live", "fork")
@@ -348,7 +348,7 @@ async def window(settings: Settings, since: datetime, until: datetime, *, mode: 
                  concurrency: int = 8, keep_topics: bool = False, timeout: float = 300.0) -> WindowResult:
     """Re-run every finished task submitted in [since, until) that is not itself a replay, in one
     session, ``concurrency`` at a time, and collect the comparisons."""
-    from agentstream.streams import db
+    from agentstream.streams.store import db
 
     conn = await db.connect(settings.database_url)
     try:

@@ -32,11 +32,12 @@ import faust
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.alerts import rules
-from agentstream.streams.codec import DecodeError, codec_for
-from agentstream.streams.config import AlertSettings, Settings
-from agentstream.streams.events import AlertRaised, InferenceCompleted, ToolCallCompleted
+from agentstream.streams.config.kafka_defaults import disable_auto_topic_creation
+from agentstream.streams.config.settings import AlertSettings, Settings
+from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
+from agentstream.streams.kafka.codec import DecodeError, codec_for
+from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.streams.telemetry.lag import GroupOffsets
-from agentstream.streams.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class AlertsApp:
         self.app_id = f"{settings.topic_prefix}agentstream-alerts"
         datadir = datadir or settings.paths.state_dir / "faust" / self.app_id
         datadir.parent.mkdir(parents=True, exist_ok=True)
+        disable_auto_topic_creation()  # faust builds its own aiokafka clients, not from kafka_options
         self.app = app = faust.App(
             self.app_id,
             broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from agentstream.streams.config import AlertSettings
-from agentstream.streams.events import AlertRaised, InferenceCompleted, ToolCallCompleted
+from agentstream.streams.config.settings import AlertSettings
+from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
 
 SERVICE = "alerts"
 

@@ -28,10 +28,10 @@ from agentstream.services.inference.backends.base import (
     Final,
     GenerationRequest,
 )
-from agentstream.streams.errors import Abandoned
-from agentstream.streams.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
-from agentstream.streams.outcomes import RunResult
-from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.client.outcomes import RunResult
+from agentstream.streams.core.errors import Abandoned
+from agentstream.streams.core.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
+from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
 
 SERVICE = "inference"
 

@@ -14,8 +14,8 @@ import re
 from datetime import datetime, timedelta
 
 from agentstream.services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
-from agentstream.streams.actions import Action, ActionError, action_schema, instructions, parse_action
-from agentstream.streams.events import (
+from agentstream.streams.core.actions import Action, ActionError, action_schema, instructions, parse_action
+from agentstream.streams.core.events import (
     ApprovalDecided,
     Event,
     InferenceCompleted,
@@ -30,9 +30,9 @@ from agentstream.streams.events import (
     ToolCallRequested,
     step_id,
 )
-from agentstream.streams.kinds import PendingKind, RunStatus
-from agentstream.streams.tool_catalog import ToolInfo
-from agentstream.streams.topics import Topics
+from agentstream.streams.core.kinds import PendingKind, RunStatus
+from agentstream.streams.core.tools import ToolInfo
+from agentstream.streams.kafka.topics import Topics
 
 SERVICE = "planner"
 MAX_PARSE_FAILURES = 3

@@ -40,10 +40,10 @@ from agentstream.services.planner import machine
 from agentstream.services.planner.cache import FINISHED_SIZE, RunCache
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
-from agentstream.streams import task_rules, tracing
-from agentstream.streams.dlq import refuse
-from agentstream.streams.errors import Deferred
-from agentstream.streams.events import (
+from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.core import task_rules
+from agentstream.streams.core.errors import Deferred
+from agentstream.streams.core.events import (
     ApprovalDecided,
     Event,
     InferenceCompleted,
@@ -57,10 +57,11 @@ from agentstream.streams.events import (
     default_instance,
     event_id_for,
 )
-from agentstream.streams.kinds import PendingKind
-from agentstream.streams.outages import wait_out
-from agentstream.streams.runtime import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
-from agentstream.streams.store import (
+from agentstream.streams.core.kinds import PendingKind
+from agentstream.streams.core.outages import wait_out
+from agentstream.streams.runtime.dead_letters import refuse
+from agentstream.streams.runtime.runner import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.store.history import (
     EventRow,
     Fenced,
     Lease,
@@ -74,7 +75,7 @@ from agentstream.streams.store import (
     VersionConflict,
 )
 from agentstream.streams.telemetry import stages
-from agentstream.streams.tool_catalog import ToolCatalog
+from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ class Planner:
         await self._publish(later, new, ctx)
 
     async def _task_problem(self, task: TaskSubmitted, now: datetime) -> str | None:
-        """Submit refuses bad tasks; the same rules (streams/task_rules.py) guard against tasks published
+        """Submit refuses bad tasks; the same rules (streams/core/task_rules.py) guard against tasks published
         by other means. A deadline that passed is not a problem of the task: the run fails as late."""
         problem = (task_rules.event_id_problem(task.event_id)
                    or task_rules.task_problem(task=task.task, tools=task.tools, max_steps=task.max_steps,

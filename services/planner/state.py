@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from agentstream.streams.events import Message, RunStateSnapshot
-from agentstream.streams.kinds import OnToolError, PendingKind, RunOutcome, RunStatus
+from agentstream.streams.core.events import Message, RunStateSnapshot
+from agentstream.streams.core.kinds import OnToolError, PendingKind, RunOutcome, RunStatus
 
 RUNNING: Final = "running"  # a step is pending (model, tool or retrieval)
 AWAITING_APPROVAL: Final = "awaiting_approval"  # a tool call waits for a person; no worker holds the run

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from agentstream.streams.events import (
+from agentstream.streams.core.events import (
     Event,
     InferenceCompleted,
     InferenceRequested,
@@ -37,7 +37,7 @@ from agentstream.streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
 
 SERVICE = "replay"
 NO_RECORD = "no_recording"

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from agentstream.streams.config import embedding_files
-from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.config.settings import embedding_files
+from agentstream.streams.core.errors import AgentStreamError
 
 if TYPE_CHECKING:  # imported when the model loads (the retrieval extra)
     from tokenizers import Tokenizer

@@ -41,7 +41,7 @@ import asyncpg
 import numpy as np
 
 from agentstream.services.retrieval.embeddings import Embedder
-from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.core.errors import AgentStreamError
 
 CHUNK_CHARS = 700
 OVERLAP = 100
@@ -378,7 +378,7 @@ async def ingest(pool: asyncpg.Pool, embedder: Embedder, paths: Iterable[str | P
                  collection: str = "default", chunk_chars: int = CHUNK_CHARS, overlap: int = OVERLAP,
                  batch: int = BATCH, progress: Progress | None = None) -> IngestStats:
     """Chunk, de-duplicate, embed and store ``paths``; see the module docstring. ``pool``'s connections
-    need the pgvector codec (``agentstream.streams.db.create_pool``)."""
+    need the pgvector codec (``agentstream.streams.store.db.create_pool``)."""
     started = time.perf_counter()
     stats = IngestStats()
     files = discover(paths)
@@ -440,8 +440,8 @@ def run_ingest_cli(paths: Sequence[str], collection: str = "default", console: A
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentstream.streams import db, migrations
-    from agentstream.streams.config import Settings
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.store import db, migrations
 
     console = console or Console()
     url = database_url or Settings.load().database_url

@@ -104,7 +104,7 @@ async def vector_leg(db: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
         async with db.acquire() as conn:
             return await vector_leg(conn, vector, collection, limit, ef_search=ef_search)
     async with db.transaction():
-        # SET LOCAL ends with the transaction: pooled connections keep no session state (streams/db.py).
+        # SET LOCAL ends with the transaction: pooled connections keep no session state (streams/store/db.py).
         # ef_search below the limit would cap the rows an index scan can return.
         await db.execute(f"SET LOCAL hnsw.ef_search = {max(int(ef_search), int(limit))}")
         await db.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")

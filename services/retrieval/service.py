@@ -21,8 +21,8 @@ import asyncpg
 
 from agentstream.services.retrieval.embeddings import Embedder, EmbeddingModelUnavailable
 from agentstream.services.retrieval.search import DEFAULT_EF_SEARCH, Hit, hybrid_search
-from agentstream.streams.events import Event, Passage, RetrievalCompleted, RetrievalRequested
-from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.core.events import Event, Passage, RetrievalCompleted, RetrievalRequested
+from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
 
 log = logging.getLogger(__name__)
 SERVICE = "retrieval"

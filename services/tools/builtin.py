@@ -25,7 +25,7 @@ from agentstream.services.tools.compute import ComputeError, ComputeGuard, Compu
 from agentstream.services.tools.http import HttpGetConfig, http_get_tool
 from agentstream.services.tools.registry import Tool, ToolContext, ToolError, load_tools, tool
 from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError
 
 #: Seconds of computation a guarded expression may take, inside the tool's 2 s (which also covers the
 #: wait for a free child process, and a child's start).
@@ -118,7 +118,7 @@ class BuiltinConfig:
     retrieve: RetrieveConfig | None = field(default_factory=RetrieveConfig)
     #: The built-ins' metadata version in the tool catalogue. Their descriptions follow this
     #: configuration (allowed hosts, row and k limits), and the catalogue keeps a tool's metadata until
-    #: a higher version comes (streams/tool_catalog.py): raise it when changing one of those settings.
+    #: a higher version comes (streams/catalog/tools.py): raise it when changing one of those settings.
     version: int = 1
 
     @classmethod
@@ -127,7 +127,7 @@ class BuiltinConfig:
         ``AGENTSTREAM_HTTP_ALLOW_PRIVATE`` (1: allowlisted hosts may resolve to private addresses),
         ``AGENTSTREAM_HTTP_MAX_BYTES``, ``AGENTSTREAM_HTTP_TIMEOUT_S``, ``AGENTSTREAM_SQL_TIMEOUT_S``,
         ``AGENTSTREAM_SQL_MAX_ROWS``, ``AGENTSTREAM_SQL_MAX_BYTES``, ``AGENTSTREAM_SQL_POOL_SIZE``,
-        ``AGENTSTREAM_BUILTIN_TOOLS_VERSION``. The caller passes the environment (streams/config.py reads it)."""
+        ``AGENTSTREAM_BUILTIN_TOOLS_VERSION``. The caller passes the environment (streams/config/settings.py reads it)."""
 
         def number(name: str, kind: type, default: Any) -> Any:
             raw = environ.get(name, "").strip()

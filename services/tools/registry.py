@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import asyncpg
 
-from agentstream.streams.errors import AgentStreamError
-from agentstream.streams.tool_catalog import ToolInfo
+from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.tools import ToolInfo
 
 if TYPE_CHECKING:
-    from agentstream.streams.events import RetrievalCompleted
+    from agentstream.streams.core.events import RetrievalCompleted
 
 #: ``retrieve(query, k, collection, timeout_s)``: publish a RetrievalRequested for this call and wait for
 #: its RetrievalCompleted (the tool service provides it; see services/tools/service.py).
@@ -102,7 +102,7 @@ class Tool(Generic[P, R]):
     idempotent: bool = False
     #: The version of what the tool tells the catalogue (description, parameters, ``requires_approval``):
     #: raise it with every change, or the catalogue refuses the new metadata as a conflict and keeps the
-    #: old; a worker with a lower version cannot change it back (streams/tool_catalog.py).
+    #: old; a worker with a lower version cannot change it back (streams/catalog/tools.py).
     version: int = 1
     _hints: dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -4,7 +4,7 @@ only if its run asked for it.
 Anyone who can reach the broker can publish a request, so none is taken on trust: the same statement
 that claims a call checks it against its run's record in PostgreSQL (the run exists and is not over, the
 tool is one of its tools, the step is its pending tool call with these arguments, approved when the tool
-needs approval: streams/tool_calls.py). A refused call is not run; it goes to the dead-letter topic with
+needs approval: streams/store/tool_calls.py). A refused call is not run; it goes to the dead-letter topic with
 the reason (error kind ``refused``) and produces no result the planner could apply — except when the run
 asked for exactly this call and only this worker's stricter definition of the tool (it needs approval)
 stands in the way: then the run gets that as the step's error result.
@@ -57,26 +57,26 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
-from agentstream.streams import tool_calls
-from agentstream.streams.codec import DecodeError
-from agentstream.streams.dlq import Rejected, publish_dead_letter, refuse
-from agentstream.streams.events import (
+from agentstream.streams.core.events import (
     Event,
     RetrievalCompleted,
     RetrievalRequested,
     ToolCallCompleted,
     ToolCallRequested,
 )
-from agentstream.streams.outages import DATABASE, outage_of
-from agentstream.streams.runtime import Context, Runtime, ServiceConfig, ServiceRunner
-from agentstream.streams.store import pg_text, to_json
+from agentstream.streams.core.outages import DATABASE, outage_of
+from agentstream.streams.kafka.codec import DecodeError
+from agentstream.streams.runtime.dead_letters import Rejected, publish_dead_letter, refuse
+from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.store import tool_calls
+from agentstream.streams.store.history import pg_text, to_json
+from agentstream.streams.store.tool_calls import EarlierCall, Verdict
 from agentstream.streams.telemetry import stages
-from agentstream.streams.tool_calls import EarlierCall, Verdict
 
 log = logging.getLogger(__name__)
 SERVICE = "tools"
 RETRIES_EXHAUSTED = "retries_exhausted"
-#: A call its run did not ask for, or may not have yet (streams/tool_calls.py): an error result's kind
+#: A call its run did not ask for, or may not have yet (streams/store/tool_calls.py): an error result's kind
 #: when the run asked for it, else the dead letter's.
 REFUSED = "refused"
 
@@ -143,7 +143,7 @@ class ToolService:
         clock = stages.clock()
         claiming = time.perf_counter()
         # The run's record decides first, even for a call answered with an error: any answer is one the
-        # planner may apply, and only a call its run asked for may have one (streams/tool_calls.py). An
+        # planner may apply, and only a call its run asked for may have one (streams/store/tool_calls.py). An
         # idempotent tool's call is checked the same way but not claimed: it leaves no row.
         recorded = tool is None or not tool.idempotent
         verdict = await tool_calls.claim(self.pool, event, arguments_json, prefix=self.runtime.topics.prefix,
@@ -330,7 +330,7 @@ class ToolService:
         call's, so a letter re-sent on a redelivery is recognisably the same letter."""
         record = ctx.record
         # Sent and acknowledged here, not through ctx.emit: a letter is built to fit and its publish waits
-        # out a broker outage (streams/dlq.py). It joins the record's trace through tracing.CURRENT.
+        # out a broker outage (streams/runtime/dead_letters.py). It joins the record's trace through tracing.CURRENT.
         await publish_dead_letter(self.runtime, Rejected(
             run_id=event.run_id, step=f"dlq:{event.step_id}", service=SERVICE, parent_step_id=event.step_id,
             consumer=SERVICE, source_topic=record.topic, source_partition=record.partition,

@@ -48,7 +48,7 @@ Why each piece:
 - **its own pool** (``query_pool``, ``pool_size`` connections): a slow or huge query waits for, and
   holds, only these connections, never the ones the tool service records its calls and results with;
 - **ROLLBACK** (never commit) and ``pg_advisory_unlock_all()``: the pool does not reset connections on
-  release (streams/db.py), so session state the SQL might leave — ``set_config(…, false)``, a
+  release (streams/store/db.py), so session state the SQL might leave — ``set_config(…, false)``, a
   session advisory lock — is undone before the connection goes back. A call that is cancelled or fails
   mid-way terminates its connection instead;
 - **JSON**: rows come back as ``to_json(row)``, so dates, numerics, uuids, bytea and vectors arrive as
@@ -67,7 +67,7 @@ from typing import Any
 import asyncpg
 
 from agentstream.services.tools.registry import Tool, ToolContext, ToolError, tool
-from agentstream.streams import db
+from agentstream.streams.store import db
 
 ROLE = "agentstream_readonly"
 FUNCTION = "agentstream_readonly_query"

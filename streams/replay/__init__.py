@@ -1,3 +1,3 @@
-"""Replay for debugging: a run's timeline (``timeline``, ``html``), deterministic re-execution and forks
-on an isolated pipeline (``rerun``), per-step comparison (``diff``), and the ``agentstream replay`` CLI
-(``cli``). See docs/replay.md."""
+"""Replay for debugging, the parts a client needs: a run's timeline from PostgreSQL and Kafka (``timeline``)
+and per-step comparison of two runs (``diff``). Re-execution, the HTML timeline and the CLI are the
+application's (``agentstream.replay``). See docs/replay.md."""

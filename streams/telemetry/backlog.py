@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
 
-from agentstream.streams.events import InferenceRequested
+from agentstream.streams.core.events import InferenceRequested
 from agentstream.streams.telemetry.lag import GroupOffsets
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 
 if TYPE_CHECKING:
-    from agentstream.streams.runtime import ServiceRunner
+    from agentstream.streams.runtime.runner import ServiceRunner
     from agentstream.streams.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing: one span per handled record, one trace per run.
 
-- The client's ``submit`` starts the run's root span (``agentstream.streams.tracing.new_traceparent`` calls
+- The client's ``submit`` starts the run's root span (``agentstream.streams.telemetry.trace_context.new_traceparent`` calls
   ``Tracing.root_traceparent`` through a hook); ``Runtime.send`` adds the run id and ends it when the
   broker acknowledged the task.
 - The runtime starts one span per record a service handles, named ``"{service} {EventType}"``, whose
@@ -15,7 +15,7 @@
   file, from background threads (the event loop only queues finished spans).
 
 Nothing here runs when tracing is off: the runtime keeps ``Tracing`` as ``None`` and carries the
-header with ``agentstream.streams.tracing.child_of`` instead.
+header with ``agentstream.streams.telemetry.trace_context.child_of`` instead.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from agentstream.streams import tracing as header
-from agentstream.streams.config import StackPaths, TelemetrySettings
+from agentstream.streams.config.settings import StackPaths, TelemetrySettings
+from agentstream.streams.telemetry import trace_context as header
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.events import DeadLetter
-from agentstream.streams.kafka_auth import kafka_options
-from agentstream.streams.topics import Topics
+from agentstream.streams.config.kafka_auth import kafka_options
+from agentstream.streams.core.events import DeadLetter
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import end_offsets, read_events
 
 

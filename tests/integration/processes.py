@@ -16,7 +16,7 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.config import Settings
+from agentstream.streams.config.settings import Settings
 from tests.integration.pipeline_tools import EFFECTS_TABLE
 
 ROOT = Path(__file__).resolve().parents[2]

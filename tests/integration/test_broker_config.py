@@ -23,10 +23,10 @@ from aiokafka.protocol.metadata import MetadataRequest
 from agentstream.devstack.kafka import KafkaLauncher
 from agentstream.devstack.process import free_port
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.client import AgentClient
-from agentstream.streams.config import Settings, StackPaths
-from agentstream.streams.errors import StackError
-from agentstream.streams.topics import TopicMismatch, Topics, TopicsMissing, ensure_topics
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.config.settings import Settings, StackPaths
+from agentstream.streams.core.errors import StackError
+from agentstream.streams.kafka.topics import TopicMismatch, Topics, TopicsMissing, ensure_topics
 from agentstream.testing import Pipeline
 
 AUTO_CREATE = {"auto.create.topics.enable": "true", "num.partitions": "1"}  # Kafka's defaults
@@ -133,7 +133,7 @@ async def test_a_wrong_cleanup_policy_and_an_empty_short_topic_are_repaired(brok
         await ask_for_metadata(broker, topics.outcomes, allow_auto_topic_creation=True)
         assert await _settled_partition_count(admin, topics.outcomes) == 1
 
-        with caplog.at_level(logging.WARNING, logger="agentstream.streams.topics"):
+        with caplog.at_level(logging.WARNING, logger="agentstream.streams.kafka.topics"):
             created = await ensure_topics(broker, specs)
         assert sorted(created) == sorted(spec.name for spec in specs if spec.name not in
                                          (topics.runs, topics.outcomes))
@@ -150,7 +150,7 @@ async def test_a_wrong_cleanup_policy_and_an_empty_short_topic_are_repaired(brok
         assert outcomes["cleanup.policy"] == "delete" and outcomes["retention.ms"] == str(7 * 24 * 3600 * 1000)
 
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="agentstream.streams.topics"):
+        with caplog.at_level(logging.WARNING, logger="agentstream.streams.kafka.topics"):
             assert await ensure_topics(broker, specs) == []
         assert [r for r in caplog.records if r.levelno == logging.WARNING] == []  # nothing left to repair
     finally:

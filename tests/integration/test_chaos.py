@@ -23,7 +23,7 @@ from types import ModuleType
 
 import pytest
 
-from agentstream.streams.events import DeadLetter, RunCompleted, RunFailed, RunStateSnapshot
+from agentstream.streams.core.events import DeadLetter, RunCompleted, RunFailed, RunStateSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"

@@ -18,7 +18,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from agentstream.devstack import process
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.config import Settings
+from agentstream.streams.config.settings import Settings
 from agentstream.testing import Pipeline
 from tests.integration.processes import ROOT, start_worker, stop, wait_for
 

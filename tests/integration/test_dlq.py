@@ -1,6 +1,6 @@
 """Dead letters end to end, on the real broker and database: poison and oversized records become letters
 that were really sent while the service keeps going; `list`, `show` and `redrive` through the Python
-API and the CLI (streams/dlq.py, `agentstream dlq`)."""
+API and the CLI (streams/runtime/dead_letters.py, `agentstream dlq`)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.codec import codec_for
-from agentstream.streams.config import Settings
-from agentstream.streams.dlq import REDRIVE_HEADER, DeadLetters
-from agentstream.streams.events import (
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.events import (
     DeadLetter,
     InferenceCompleted,
     InferenceRequested,
     Message,
     TaskSubmitted,
 )
-from agentstream.streams.runtime import ServiceRunner
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.runtime.dead_letters import REDRIVE_HEADER, DeadLetters
+from agentstream.streams.runtime.runner import ServiceRunner
 from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

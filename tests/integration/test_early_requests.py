@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.events import InferenceCompleted, new_run_id, step_id
+from agentstream.streams.core.events import InferenceCompleted, new_run_id, step_id
 from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio

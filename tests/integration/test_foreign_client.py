@@ -4,7 +4,7 @@ completion with two planners, and its outcome is read with plain aiokafka and fa
 snappy-compressed, as franz-go's are by default.
 
 Each task is put on another partition than murmur2's, so the planner that owns that partition must
-forward it to the run's partition (streams/runtime.py, ``route_by_run``); the test checks the forwarded
+forward it to the run's partition (streams/runtime/runner.py, ``route_by_run``); the test checks the forwarded
 copies on the topic, so it cannot pass without that path. The tasks' partitions are chosen so that both
 planners (this process's and a separate worker process) forward some.
 """
@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.replay.timeline import show
-from agentstream.streams.runtime import ROUTED_HEADER
+from agentstream.streams.runtime.runner import ROUTED_HEADER
 from agentstream.testing import Pipeline, isolated
 from tests.integration import foreign_client
 from tests.integration.processes import start_worker, stop, wait_for_members

@@ -1,5 +1,5 @@
 """Tool requests published straight to ``agent.tool.requests`` (a raw producer, as anyone who can reach the
-broker could) are checked against their run's record before anything runs (streams/tool_calls.py): a call
+broker could) are checked against their run's record before anything runs (streams/store/tool_calls.py): a call
 for a run that does not exist, a tool outside the run's tools, a call waiting for an approval nobody gave,
 a call for a run that has ended, a step id already used by another call. None runs its tool, none gets a
 result the planner could apply, each leaves a dead letter with the reason — and the run the forgeries
@@ -19,8 +19,8 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.codec import codec_for
-from agentstream.streams.events import DeadLetter, ToolCallCompleted, ToolCallRequested, new_run_id
+from agentstream.streams.core.events import DeadLetter, ToolCallCompleted, ToolCallRequested, new_run_id
+from agentstream.streams.kafka.codec import codec_for
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events, wait_awaiting_approval
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -90,7 +90,7 @@ def test_the_package_and_its_worker_extras_import(podman: Run) -> None:
         "from agentstream.services.worker import make_backend\n"
         "make_backend('scripted')  # the inference worker's default backend needs no model\n"
         # the package's data files: the event schemas and the SQL migrations
-        "from agentstream.streams.migrations import discover\n"
+        "from agentstream.streams.store.migrations import discover\n"
         "from importlib.resources import files\n"
         "assert len(discover()) >= 9, discover()\n"
         "assert len(list((files('agentstream') / 'schemas').glob('*.avsc'))) >= 5\n"

@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 
 from agentstream.deploy.podman import KubePlay, rendering
-from agentstream.streams.client import AgentClient
-from agentstream.streams.topics import Topics
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.kafka.topics import Topics
 from tests.integration.podman import CONF, require_image
 from tests.integration.processes import wait_for_members
 

@@ -18,15 +18,15 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from agentstream.cli import app as cli_app
+from agentstream.ops.top import parse, run_top
 from agentstream.services import worker as worker_module
 from agentstream.services.alerts.app import AlertsApp
 from agentstream.services.inference.backends.scripted import ScriptedBackend
 from agentstream.services.worker import Worker, WorkerOptions
-from agentstream.streams.config import AlertSettings, TelemetrySettings
-from agentstream.streams.events import AlertRaised
+from agentstream.streams.config.settings import AlertSettings, TelemetrySettings
+from agentstream.streams.core.events import AlertRaised
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover
-from agentstream.streams.telemetry.top import parse, run_top
 from agentstream.streams.telemetry.tracing import Tracing, span_record
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 

@@ -19,8 +19,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agentstream.devstack.private import PrivateStack
 from agentstream.devstack.process import free_port
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.codec import DecodeError, codec_for
-from agentstream.streams.events import RunStateSnapshot
+from agentstream.streams.core.events import RunStateSnapshot
+from agentstream.streams.kafka.codec import DecodeError, codec_for
 from agentstream.testing import Pipeline
 from tests.integration import pipeline_tools
 from tests.integration.processes import private_stack, start_worker, stop, wait_for_members

@@ -12,9 +12,9 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.client import TaskRejected
-from agentstream.streams.codec import codec_for
-from agentstream.streams.events import DeadLetter, RunStateSnapshot, TaskSubmitted
+from agentstream.streams.client.agent_client import TaskRejected
+from agentstream.streams.core.events import DeadLetter, RunStateSnapshot, TaskSubmitted
+from agentstream.streams.kafka.codec import codec_for
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.actions import parse_action
+from agentstream.streams.core.actions import parse_action
 from agentstream.testing import Pipeline, isolated
 
 pytest.importorskip("xllamacpp", reason="the llama.cpp backend needs xllamacpp (make venv installs it)")

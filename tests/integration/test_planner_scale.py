@@ -3,7 +3,7 @@
 Each run's model asks for a tool, a retrieval, then two more tools, so its events cross all four of the
 planner's input topics; with aiokafka's default round-robin assignment and three planners, partition
 ``p`` of those topics went to different planners and most runs hung (issue 11). The co-partitioned
-assignor (streams/assignor.py) gives a planner partition ``p`` of every input topic.
+assignor (streams/kafka/assignor.py) gives a planner partition ``p`` of every input topic.
 """
 
 from __future__ import annotations

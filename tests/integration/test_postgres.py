@@ -8,8 +8,8 @@ import asyncpg
 import numpy as np
 import pytest
 
-from agentstream.streams import db, migrations
-from agentstream.streams.errors import MigrationError
+from agentstream.streams.core.errors import MigrationError
+from agentstream.streams.store import db, migrations
 
 
 async def test_connects_with_pgvector(database_url):

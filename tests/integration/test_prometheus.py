@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from agentstream.devstack.process import free_port
-from agentstream.streams.client import AgentClient
-from agentstream.streams.topics import Topics
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import isolated
 from tests.integration.processes import ROOT, start_worker, stop
 

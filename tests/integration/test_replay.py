@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from agentstream.replay.html import LANE_COLOURS, render
 from agentstream.replay.rerun import ReplaySession, delete_topics, rerun
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.replay import timeline
 from agentstream.streams.replay.diff import diff_runs
-from agentstream.streams.replay.html import LANE_COLOURS, render
 from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

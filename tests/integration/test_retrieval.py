@@ -20,9 +20,9 @@ from agentstream.services.retrieval.ingest import IngestError, chunk_file, inges
 from agentstream.services.retrieval.search import any_word_tsquery, hybrid_search, rrf, vector_leg
 from agentstream.services.retrieval.service import RetrievalService
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams import db
-from agentstream.streams.events import RetrievalCompleted, RetrievalRequested
-from agentstream.streams.topics import Topics
+from agentstream.streams.core.events import RetrievalCompleted, RetrievalRequested
+from agentstream.streams.kafka.topics import Topics
+from agentstream.streams.store import db
 from agentstream.testing import Pipeline, isolated
 
 aio = pytest.mark.asyncio(loop_scope="module")

@@ -28,12 +28,12 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.client import AgentClient
-from agentstream.streams.config import Settings
-from agentstream.streams.events import DeadLetter
-from agentstream.streams.outcomes import RunResult
-from agentstream.streams.registry import LocalRegistry
-from agentstream.streams.topics import Topics, wait_for_group_coordinator
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.client.outcomes import RunResult
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.events import DeadLetter
+from agentstream.streams.kafka.registry import LocalRegistry
+from agentstream.streams.kafka.topics import Topics, wait_for_group_coordinator
 from agentstream.testing import end_offsets, read_events
 from tests.integration.processes import private_stack, start_worker, stop, wait_for_members
 from tests.schema_upgrade import newer_schemas

@@ -1,7 +1,7 @@
 """Kafka with authentication and ACLs (``agentstream dev up --secure``), tried as a hostile client would.
 
 A private broker with SASL/SCRAM and the StandardAuthorizer (``PrivateStack(secure=True)``), the ACLs
-``streams/acls.py`` derives from the topic contract, and workers as separate processes, each
+``agentstream/ops/acls.py`` derives from the topic contract, and workers as separate processes, each
 authenticating as its own service with its password given by file: an unauthenticated client and a
 wrong password are refused; the client principal cannot publish a tool request (nor read one), and no
 principal can write or read more than its ACLs say; a run still completes end to end; a forged tool call
@@ -30,15 +30,15 @@ from aiokafka.errors import KafkaError
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.devstack.secure import DATABASE_LOGINS
+from agentstream.ops.acls import PRINCIPALS, Operation, Resource, acl_bindings
 from agentstream.replay.rerun import rerun
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.acls import PRINCIPALS, Operation, Resource, acl_bindings
-from agentstream.streams.client import AgentClient, NotAnApprover
-from agentstream.streams.codec import codec_for
-from agentstream.streams.events import ApprovalDecided, ToolCallRequested, new_run_id
-from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.tool_catalog import ToolCatalog
-from agentstream.streams.topics import Topics
+from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.client.agent_client import AgentClient, NotAnApprover
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.core.events import ApprovalDecided, ToolCallRequested, new_run_id
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import wait_awaiting_approval
 from tests.integration.acl_probes import can_read, can_write, connection, dead_letter, send
 from tests.integration.pipeline_tools import EFFECTS_TABLE
@@ -153,7 +153,7 @@ async def test_a_run_completes_with_each_service_as_its_own_principal(stack, wor
             await conn.fetchval("SELECT count(*) FROM runs")
     async with connection(stack.database_url_for("tools")) as conn:
         assert await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
-        # (steps: how an idempotent tool's late copy is told from a forgery, streams/tool_calls.py)
+        # (steps: how an idempotent tool's late copy is told from a forgery, streams/store/tool_calls.py)
         assert await conn.fetchval("SELECT count(*) FROM steps WHERE run_id = $1 AND kind = 'tool'", run_id) == 1
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("UPDATE runs SET status = 'failed' WHERE run_id = $1", run_id)

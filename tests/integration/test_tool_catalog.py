@@ -16,15 +16,15 @@ from aiokafka import TopicPartition
 from agentstream.devstack.process import free_port
 from agentstream.services.tools.builtin import tools_for
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.client import AgentClient, TaskRejected
-from agentstream.streams.events import Event, InferenceRequested, TaskSubmitted
-from agentstream.streams.tool_catalog import (
+from agentstream.streams.catalog.tools import (
     ToolCatalog,
     ToolCatalogUnavailable,
     ToolInfo,
     register,
     registration,
 )
+from agentstream.streams.client.agent_client import AgentClient, TaskRejected
+from agentstream.streams.core.events import Event, InferenceRequested, TaskSubmitted
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

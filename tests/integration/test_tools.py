@@ -29,10 +29,10 @@ from aiokafka import TopicPartition
 from agentstream.services.tools.registry import ToolError
 from agentstream.services.tools.sql import SqlQueryConfig, run_query
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams import db
-from agentstream.streams.codec import codec_for
-from agentstream.streams.events import DeadLetter, ToolCallRequested
-from agentstream.streams.tool_catalog import ToolCatalog
+from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.core.events import DeadLetter, ToolCallRequested
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.store import db
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 from tests.integration.tool_fixtures import RUNS_TABLE
 

@@ -32,8 +32,8 @@ CHECK = textwrap.dedent('''
     import fastavro
     import agentstream
     from agentstream import EVENT_TYPES, Codec
-    from agentstream.streams.registry import LocalRegistry
-    from agentstream.streams.migrations import discover
+    from agentstream.streams.kafka.registry import LocalRegistry
+    from agentstream.streams.store.migrations import discover
 
     def sample(schema, named):
         if isinstance(schema, list):
@@ -70,7 +70,7 @@ CHECK = textwrap.dedent('''
         assert type(event) is cls, (name, type(event))
         assert codec.decode(codec.encode(event)) == event, name
     assert len(discover()) >= 9
-    import agentstream.streams.client, agentstream.streams.replay.timeline  # the client's parts, base deps only
+    import agentstream.streams.client.agent_client, agentstream.streams.replay.timeline  # the client's parts, base deps only
     try:
         agentstream.Pipeline
     except agentstream.MissingExtra as exc:

@@ -1,8 +1,8 @@
-"""An in-memory stand-in for the broker, for driving ``streams/runtime.py`` without Kafka.
+"""An in-memory stand-in for the broker, for driving ``streams/runtime/runner.py`` without Kafka.
 
 ``FakeKafka`` holds partition logs, the group's committed offsets and what was produced. Its
 ``consumer`` and ``producer`` methods take the keyword arguments of ``AIOKafkaConsumer`` and
-``AIOKafkaProducer`` (tests put them in their place in ``agentstream.streams.runtime``) and return
+``AIOKafkaProducer`` (tests put them in their place in ``agentstream.streams.runtime.runner``) and return
 objects with the part of the aiokafka API the runtime uses:
 
 - ``FakeConsumer``: ``start``/``stop``, ``subscribe(topics, listener=)``, ``assignment()``,

@@ -10,14 +10,16 @@ import pytest
 from aiokafka.protocol.metadata import MetadataRequest
 
 from agentstream.devstack.kafka import KafkaLauncher
-from agentstream.streams.errors import StackError
-from agentstream.streams.kafka_metadata import disable_auto_topic_creation
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.config.kafka_defaults import disable_auto_topic_creation
+from agentstream.streams.core.errors import StackError
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_4_VERSIONS = {MetadataRequest.API_KEY: (0, 12)}  # aiokafka picks the highest it has (v5)
 
 
 def test_a_metadata_request_aiokafka_builds_does_not_allow_auto_creation() -> None:
+    kafka_options("localhost:9092", KafkaAuth())  # what every client agentstream builds does first
     struct = MetadataRequest(["agent.outcomes"]).prepare(KAFKA_4_VERSIONS)
     assert struct.API_VERSION >= 4
     assert struct.allow_auto_topic_creation is False
@@ -35,13 +37,17 @@ def test_applying_twice_wraps_once() -> None:
     assert MetadataRequest.__init__ is before
 
 
-def test_importing_streams_alone_applies_it() -> None:
-    """Not the test session's doing: a fresh interpreter that imports only ``streams`` is covered."""
-    code = ("import streams\n"
+def test_importing_patches_nothing_and_a_clients_options_apply_it() -> None:
+    """Not the test session's doing: in a fresh interpreter, importing the backbone leaves aiokafka as it
+    is, and the first client's options (``kafka_options``) apply the default."""
+    code = ("import agentstream.streams.runtime.runner, agentstream.streams.client.agent_client\n"
             "from aiokafka.protocol.metadata import MetadataRequest\n"
+            "print(MetadataRequest(['x']).prepare({3: (0, 12)}).allow_auto_topic_creation)\n"
+            "from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options\n"
+            "kafka_options('localhost:9092', KafkaAuth())\n"
             "print(MetadataRequest(['x']).prepare({3: (0, 12)}).allow_auto_topic_creation)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["True", "False"]
 
 
 def _launcher(tmp_path: Path, overrides: dict[str, str]) -> KafkaLauncher:

@@ -12,9 +12,8 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from agentstream.streams import resources
-from agentstream.streams.codec import Codec, DecodeError
-from agentstream.streams.events import (
+from agentstream.streams.core import resources
+from agentstream.streams.core.events import (
     EVENT_TYPES,
     DeadLetter,
     InferenceRequested,
@@ -24,7 +23,8 @@ from agentstream.streams.events import (
     TaskSubmitted,
     step_id,
 )
-from agentstream.streams.registry import LocalRegistry, schema_id
+from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 
 SCHEMAS = resources.schemas_dir()
 

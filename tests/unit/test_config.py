@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agentstream.streams.config import DEFAULT_KAFKA_PORT, Settings, StackPaths, dev_ports
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.config.settings import DEFAULT_KAFKA_PORT, Settings, StackPaths, dev_ports
+from agentstream.streams.core.errors import ConfigError
 
 
 @pytest.fixture

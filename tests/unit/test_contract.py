@@ -19,13 +19,20 @@ import fastavro
 import pytest
 from aiokafka import TopicPartition
 
-from agentstream.streams.asyncapi import CHANNELS, DOCUMENT_PATH, HEADERS, build_document, render
-from agentstream.streams.codec import Codec, DecodeError
-from agentstream.streams.config import Settings
-from agentstream.streams.events import EVENT_TYPES, Event, TaskSubmitted
-from agentstream.streams.registry import LocalRegistry, schema_id
-from agentstream.streams.runtime import ROUTED_HEADER, Context, Record, Runtime, ServiceConfig, ServiceRunner
-from agentstream.streams.topics import Topics
+from agentstream.ops.asyncapi import CHANNELS, DOCUMENT_PATH, HEADERS, build_document, render
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.events import EVENT_TYPES, Event, TaskSubmitted
+from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.registry import LocalRegistry, schema_id
+from agentstream.streams.kafka.topics import Topics
+from agentstream.streams.runtime.runner import (
+    ROUTED_HEADER,
+    Context,
+    Record,
+    Runtime,
+    ServiceConfig,
+    ServiceRunner,
+)
 from tests.integration import foreign_client
 
 ROOT = Path(__file__).resolve().parents[2]

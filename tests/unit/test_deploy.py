@@ -11,9 +11,9 @@ import yaml
 
 from agentstream.cli import app
 from agentstream.deploy import manifests, render, values
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.telemetry.metrics import Metrics
-from agentstream.streams.topics import Topics
 
 
 def _by_kind(objects: list[dict]) -> dict[str, list[dict]]:

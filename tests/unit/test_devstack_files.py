@@ -15,7 +15,7 @@ import pytest
 from agentstream.devstack import files, postgres, process
 from agentstream.devstack.kafka import KafkaLauncher
 from agentstream.devstack.secure import StackSecrets
-from agentstream.streams.errors import StackError
+from agentstream.streams.core.errors import StackError
 
 REPO = Path(__file__).resolve().parents[2]
 

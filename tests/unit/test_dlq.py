@@ -1,4 +1,4 @@
-"""Dead letters that always fit (streams/dlq.py): truncation, old letters, publishing through outages."""
+"""Dead letters that always fit (streams/runtime/dead_letters.py): truncation, old letters, publishing through outages."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import fastavro
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from agentstream.streams import dlq, resources
-from agentstream.streams.codec import Codec
-from agentstream.streams.config import Settings
-from agentstream.streams.dlq import Rejected, dead_letter, publish_dead_letter, size_budgets
-from agentstream.streams.events import DeadLetter, Event
-from agentstream.streams.registry import LocalRegistry, schema_id
-from agentstream.streams.topics import Topics
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core import resources
+from agentstream.streams.core.events import DeadLetter, Event
+from agentstream.streams.kafka.codec import Codec
+from agentstream.streams.kafka.registry import LocalRegistry, schema_id
+from agentstream.streams.kafka.topics import Topics
+from agentstream.streams.runtime import dead_letters as dlq
+from agentstream.streams.runtime.dead_letters import Rejected, dead_letter, publish_dead_letter, size_budgets
 
 LIMIT = 512 * 1024
 

@@ -7,10 +7,10 @@ import orjson
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from agentstream.services.inference.backends.base import BackendError
-from agentstream.streams.assignor import balance
-from agentstream.streams.outages import DATABASE, KAFKA, MODEL, backoff, outage_of
-from agentstream.streams.store import event_uuid, pg_text, to_json
-from agentstream.streams.task_rules import event_id_problem, run_id_problem
+from agentstream.streams.core.outages import DATABASE, KAFKA, MODEL, backoff, outage_of
+from agentstream.streams.core.task_rules import event_id_problem, run_id_problem
+from agentstream.streams.kafka.assignor import balance
+from agentstream.streams.store.history import event_uuid, pg_text, to_json
 
 
 def test_balance_gives_every_member_its_share_and_keeps_what_it_had():

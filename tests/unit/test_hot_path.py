@@ -13,7 +13,7 @@ import pytest
 from agentstream.services.planner import machine
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import RunState
-from agentstream.streams.events import (
+from agentstream.streams.core.events import (
     _EVENT_NS,
     InferenceRequested,
     Message,
@@ -21,8 +21,8 @@ from agentstream.streams.events import (
     event_id_for,
     uuid5_str,
 )
-from agentstream.streams.store import event_uuid
-from agentstream.streams.tool_catalog import ToolInfo
+from agentstream.streams.core.tools import ToolInfo
+from agentstream.streams.store.history import event_uuid
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
@@ -96,7 +96,7 @@ def test_ids_are_uuid5() -> None:
 def test_key_partitioner_is_kafkas_default() -> None:
     from aiokafka.partitioner import DefaultPartitioner
 
-    from agentstream.streams.topics import Topics, key_partitioner
+    from agentstream.streams.kafka.topics import Topics, key_partitioner
 
     default = DefaultPartitioner()
     for n in range(500):
@@ -116,7 +116,7 @@ def test_a_run_waiting_for_a_person_is_published_at_once() -> None:
 
 
 def test_snapshot_interval_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from agentstream.streams.config import ConfigError, Settings
+    from agentstream.streams.config.settings import ConfigError, Settings
 
     monkeypatch.setenv("AGENTSTREAM_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", raising=False)
@@ -131,7 +131,7 @@ def test_snapshot_interval_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
 async def test_history_capture_appends_each_batch_document(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """bench/history_write.py replays what ``AGENTSTREAM_HISTORY_CAPTURE`` collects: the very document
     each batch sent, one a line; unset, nothing is written."""
-    from agentstream.streams import store as store_module
+    from agentstream.streams.store import history as store_module
 
     sent: list[str] = []
 

@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fastavro
 import pytest
 
-from agentstream.streams.codec import Codec, DecodeError
-from agentstream.streams.events import TaskSubmitted
-from agentstream.streams.registry import HttpRegistry, LocalRegistry
+from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.registry import HttpRegistry, LocalRegistry
 
 
 class _Registry(BaseHTTPRequestHandler):

@@ -12,11 +12,11 @@ import pytest
 
 from agentstream.services.inference.backends.base import BackendError, Delta, Final, GenerationRequest
 from agentstream.services.inference.service import InferenceService
-from agentstream.streams.config import Settings
-from agentstream.streams.errors import Abandoned
-from agentstream.streams.events import Event, InferenceCompleted, InferenceRequested, Message
-from agentstream.streams.outages import outage_of
-from agentstream.streams.topics import Topics
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import Abandoned
+from agentstream.streams.core.events import Event, InferenceCompleted, InferenceRequested, Message
+from agentstream.streams.core.outages import outage_of
+from agentstream.streams.kafka.topics import Topics
 
 
 class FailingBackend:

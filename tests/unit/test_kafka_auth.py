@@ -1,5 +1,5 @@
-"""Kafka credentials (streams/kafka_auth.py, config.load_kafka_auth), the local stack's secrets and the
-ACLs derived from the topic contract (streams/acls.py). The broker's enforcement of them is tested in
+"""Kafka credentials (streams/config/kafka_auth.py, config.load_kafka_auth), the local stack's secrets and the
+ACLs derived from the topic contract (agentstream/ops/acls.py). The broker's enforcement of them is tested in
 tests/integration/test_secure_stack.py."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from agentstream.devstack.secure import StackSecrets
-from agentstream.streams import config
-from agentstream.streams.acls import PRINCIPALS, SERVICES, Operation, Pattern, Resource, acl_bindings
-from agentstream.streams.config import (
+from agentstream.ops.acls import PRINCIPALS, SERVICES, Operation, Pattern, Resource, acl_bindings
+from agentstream.streams.config import settings as config
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.config.settings import (
     Settings,
     StackPaths,
     load_kafka_auth,
@@ -21,9 +22,8 @@ from agentstream.streams.config import (
     use_kafka_principal,
     write_state,
 )
-from agentstream.streams.errors import ConfigError
-from agentstream.streams.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.topics import Topics
+from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.kafka.topics import Topics
 
 _ENV = ("AGENTSTREAM_KAFKA_SECURITY_PROTOCOL", "AGENTSTREAM_KAFKA_SASL_MECHANISM", "AGENTSTREAM_KAFKA_USERNAME",
         "AGENTSTREAM_KAFKA_PASSWORD_FILE", "AGENTSTREAM_KAFKA_PASSWORD", "AGENTSTREAM_KAFKA_SSL_CAFILE",
@@ -155,7 +155,7 @@ def test_groups_and_the_worker_that_runs_every_service():
 
 
 def test_the_security_page_shows_the_acls_the_code_derives():
-    from agentstream.streams.acls import acl_markdown
+    from agentstream.ops.acls import acl_markdown
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     assert acl_markdown(acl_bindings(Topics())) in page
@@ -186,7 +186,7 @@ def test_on_the_secure_stack_a_client_reads_with_its_own_database_login(monkeypa
 
 
 def test_each_tenant_gets_a_principal_a_client_login_and_an_approver_login(tmp_path):
-    from agentstream.streams.acls import tenant_principal
+    from agentstream.ops.acls import tenant_principal
 
     secrets = StackSecrets.ensure(tmp_path / "s", ("a",))
     assert tenant_principal("a") in secrets.kafka_principals
@@ -200,7 +200,7 @@ def test_each_tenant_gets_a_principal_a_client_login_and_an_approver_login(tmp_p
 
 
 def test_quotas_come_from_the_environment(monkeypatch):
-    from agentstream.streams.config import Quotas
+    from agentstream.streams.config.settings import Quotas
 
     assert Quotas.load() == Quotas()
     monkeypatch.setenv("AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT", "5")

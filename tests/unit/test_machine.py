@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from agentstream.services.planner import machine
 from agentstream.services.planner.state import RunState
-from agentstream.streams.events import (
+from agentstream.streams.core.events import (
     ApprovalDecided,
     InferenceCompleted,
     InferenceRequested,
@@ -20,8 +20,8 @@ from agentstream.streams.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from agentstream.streams.tool_catalog import ToolInfo
-from agentstream.streams.topics import Topics
+from agentstream.streams.core.tools import ToolInfo
+from agentstream.streams.kafka.topics import Topics
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 TOPICS = Topics()

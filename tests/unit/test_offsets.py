@@ -1,6 +1,6 @@
 from aiokafka import TopicPartition
 
-from agentstream.streams.offsets import OffsetTracker
+from agentstream.streams.runtime.offsets import OffsetTracker
 
 TP = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

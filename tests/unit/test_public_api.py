@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import agentstream
-from agentstream.streams.errors import AgentStreamError
+from agentstream.streams.core.errors import AgentStreamError
 
 PINNED = [
     "AgentClient", "AgentStreamError", "BackendError", "ClaimMissing", "Codec", "ConfigError", "DeadLetterError",

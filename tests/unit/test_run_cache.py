@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from agentstream.services.planner import machine
 from agentstream.services.planner.cache import RunCache
-from agentstream.streams.events import TaskSubmitted
+from agentstream.streams.core.events import TaskSubmitted
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 RUNNING = machine.start(TaskSubmitted.build(run_id="r", step="r:task", service="t", task="t", tools=[], max_steps=3),

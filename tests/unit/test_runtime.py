@@ -1,4 +1,4 @@
-"""The consumer runtime (streams/runtime.py) driven by an in-memory consumer and producer (tests/unit/fakes.py).
+"""The consumer runtime (streams/runtime/runner.py) driven by an in-memory consumer and producer (tests/unit/fakes.py).
 
 What is proved here, with no broker: records of one key are handled in order while other keys run
 concurrently (within ``concurrency``); a partition is paused while one of its records waits out an
@@ -23,11 +23,9 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from agentstream.streams import runtime as runtime_module
-from agentstream.streams.codec import Codec
-from agentstream.streams.config import Settings
-from agentstream.streams.errors import Abandoned, Unavailable
-from agentstream.streams.events import (
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import Abandoned, Unavailable
+from agentstream.streams.core.events import (
     ClaimCheck,
     DeadLetter,
     Event,
@@ -35,8 +33,11 @@ from agentstream.streams.events import (
     TaskSubmitted,
     ToolCallCompleted,
 )
-from agentstream.streams.registry import LocalRegistry
-from agentstream.streams.runtime import (
+from agentstream.streams.kafka.codec import Codec
+from agentstream.streams.kafka.registry import LocalRegistry
+from agentstream.streams.kafka.topics import Topics
+from agentstream.streams.runtime import runner as runtime_module
+from agentstream.streams.runtime.runner import (
     SOURCE_HEADER,
     Context,
     RetryPolicy,
@@ -44,7 +45,6 @@ from agentstream.streams.runtime import (
     ServiceConfig,
     ServiceRunner,
 )
-from agentstream.streams.topics import Topics
 
 from .fakes import FakeConsumer, FakeKafka
 

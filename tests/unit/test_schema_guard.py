@@ -1,5 +1,5 @@
-"""Which writer schemas a reader learns (streams/schema_guard.py), and how the schemas topic is read when it
-is flooded (streams/schema_log.py) — issue 37, findings 2 and 3. The broker-backed attacks are
+"""Which writer schemas a reader learns (streams/kafka/schema_guard.py), and how the schemas topic is read when it
+is flooded (streams/kafka/schema_log.py) — issue 37, findings 2 and 3. The broker-backed attacks are
 tests/integration/hostile/test_schemas.py."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
-from agentstream.streams.codec import Codec, DecodeError
-from agentstream.streams.events import TaskSubmitted
-from agentstream.streams.registry import LocalRegistry, UnknownSchema, full_name, schema_id
-from agentstream.streams.schema_guard import MAX_DEPTH, SchemaRefused, check_writer
-from agentstream.streams.schema_log import SchemaLog, encode_schema
+from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.registry import LocalRegistry, UnknownSchema, full_name, schema_id
+from agentstream.streams.kafka.schema_guard import MAX_DEPTH, SchemaRefused, check_writer
+from agentstream.streams.kafka.schema_log import SchemaLog, encode_schema
 from tests.schema_upgrade import newer_schemas
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -171,7 +171,7 @@ async def test_a_flood_of_junk_is_read_through_once_in_a_few_log_lines(tmp_path:
     records = [*junk, (b"not-an-id", b"{}"), encode_schema(newer.raw_current()[TaskSubmitted.schema_name])]
     registry = LocalRegistry()
     log = _log(registry, records)
-    with caplog.at_level(logging.WARNING, logger="agentstream.streams.schema_log"):
+    with caplog.at_level(logging.WARNING, logger="agentstream.streams.kafka.schema_log"):
         assert await log.lookup(wanted)
     assert log.learnt == 1 and log._position == len(records)
     lines = [r.getMessage() for r in caplog.records]
@@ -202,7 +202,7 @@ async def test_a_read_cut_short_by_silence_resumes_where_it_stopped():
 
 
 def test_a_registry_s_schema_is_judged_like_the_topic_s_and_asked_for_once():
-    from agentstream.streams.registry import HttpRegistry
+    from agentstream.streams.kafka.registry import HttpRegistry
 
     wedging, _ = _wedging()
     asked: list[str] = []
@@ -224,7 +224,7 @@ def test_a_registry_s_schema_is_judged_like_the_topic_s_and_asked_for_once():
 def test_a_process_learns_a_bounded_number_of_schemas(monkeypatch: pytest.MonkeyPatch):
     """Compatible versions with an id each (an optional field of their own) pass every check: a flood of
     them is bounded by a count instead."""
-    from agentstream.streams import registry as registry_module
+    from agentstream.streams.kafka import registry as registry_module
 
     monkeypatch.setattr(registry_module, "MAX_LEARNT", 3)
     registry = LocalRegistry()

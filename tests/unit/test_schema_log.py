@@ -1,5 +1,5 @@
 """Processes with different versions of a schema read each other's events through the schemas topic
-(streams/schema_log.py), here an in-memory stand-in for it; the broker-backed run is
+(streams/kafka/schema_log.py), here an in-memory stand-in for it; the broker-backed run is
 tests/integration/test_rolling_upgrade.py."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from agentstream.streams.codec import Codec, DecodeError, codec_for
-from agentstream.streams.config import Settings
-from agentstream.streams.events import TaskSubmitted, ToolCallRequested
-from agentstream.streams.registry import LocalRegistry, schema_id
-from agentstream.streams.schema_log import SchemaLog, encode_schema
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.events import TaskSubmitted, ToolCallRequested
+from agentstream.streams.kafka.codec import Codec, DecodeError, codec_for
+from agentstream.streams.kafka.registry import LocalRegistry, schema_id
+from agentstream.streams.kafka.schema_log import SchemaLog, encode_schema
 from tests.schema_upgrade import newer_schemas
 
 
@@ -120,7 +120,7 @@ async def test_a_topic_that_cannot_be_read_is_an_outage_for_the_runtime_only(new
     assert isinstance(old.schemas, MemoryLog)
     old.schemas.fail = KafkaConnectionError("broker away")
     data = new.encode(_request())
-    with pytest.raises(KafkaConnectionError):  # the runtime waits it out (streams/outages.py: kafka)
+    with pytest.raises(KafkaConnectionError):  # the runtime waits it out (streams/core/outages.py: kafka)
         await old.decode_async(data, raise_outages=True)
     with pytest.raises(DecodeError) as info:  # everyone else skips the record, as any undecodable one
         await old.decode_async(data)
@@ -141,7 +141,7 @@ def test_the_schemas_dir_setting(monkeypatch, newer, tmp_path):
     monkeypatch.setenv("AGENTSTREAM_SCHEMAS_DIR", str(newer))
     assert Settings.load().schemas_dir == newer.resolve()
     monkeypatch.setenv("AGENTSTREAM_SCHEMAS_DIR", str(tmp_path / "nowhere"))
-    from agentstream.streams.errors import ConfigError
+    from agentstream.streams.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         Settings.load()

@@ -15,7 +15,7 @@ from agentstream import cli, demo
 from agentstream.deploy import values
 from agentstream.devstack import check, stack
 from agentstream.devstack.stack import StackStatus
-from agentstream.streams.config import (
+from agentstream.streams.config.settings import (
     Settings,
     StackPaths,
     TelemetrySettings,
@@ -23,7 +23,7 @@ from agentstream.streams.config import (
     read_state,
     write_state,
 )
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError
 
 SECRET = "s3cr%40t-Pw"  # percent-encoded, as a password with an @ must be in a URL
 DB_URL = f"postgresql://agent:{SECRET}@db.example:5432/agentstream"

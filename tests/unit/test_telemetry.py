@@ -10,15 +10,15 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
-from agentstream.streams import tracing as header
-from agentstream.streams.config import AlertSettings, Settings, StackPaths, TelemetrySettings
-from agentstream.streams.errors import ConfigError
-from agentstream.streams.events import InferenceRequested, Message
-from agentstream.streams.runtime import Context, Record
+from agentstream.ops.top import parse, render, row, total
+from agentstream.streams.config.settings import AlertSettings, Settings, StackPaths, TelemetrySettings
+from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.core.events import InferenceRequested, Message
+from agentstream.streams.runtime.runner import Context, Record
+from agentstream.streams.telemetry import trace_context as header
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens, record_tokens
 from agentstream.streams.telemetry.http import MetricsServer
 from agentstream.streams.telemetry.metrics import Metrics
-from agentstream.streams.telemetry.top import parse, render, row, total
 from agentstream.streams.telemetry.tracing import Tracing, format_traceparent, parse_traceparent
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agentstream.services.alerts import rules
-from agentstream.streams.codec import Codec
-from agentstream.streams.config import AlertSettings
-from agentstream.streams.events import AlertRaised, InferenceCompleted, ToolCallCompleted
-from agentstream.streams.registry import LocalRegistry
+from agentstream.streams.config.settings import AlertSettings
+from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
+from agentstream.streams.kafka.codec import Codec
+from agentstream.streams.kafka.registry import LocalRegistry
 
 SETTINGS = AlertSettings(tool_slow_s=5.0, tool_slow_overrides={"sleep": 0.2}, model_step_s=10.0,
                          tool_failure_rate=0.5, tool_min_calls=4, window_s=60.0, lag_records=100)

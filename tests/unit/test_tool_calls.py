@@ -1,12 +1,12 @@
-"""The parts of the tool-call check that need no database (streams/tool_calls.py); the check itself, a
+"""The parts of the tool-call check that need no database (streams/store/tool_calls.py); the check itself, a
 statement against the runs table, is tested on PostgreSQL: tests/integration/test_forged_tool_calls.py."""
 
 from __future__ import annotations
 
 from typing import get_args
 
-from agentstream.streams.events import ToolCallRequested
-from agentstream.streams.tool_calls import ANSWERED, Refusal, Verdict, refusal_reason, same_call
+from agentstream.streams.core.events import ToolCallRequested
+from agentstream.streams.store.tool_calls import ANSWERED, Refusal, Verdict, refusal_reason, same_call
 
 CALL = ToolCallRequested.build(run_id="run-a", step="run-a:1:tool", service="planner", tool="transfer",
                                arguments='{"amount": 5}')

@@ -15,12 +15,7 @@ import pytest
 from agentstream.devstack.process import free_port
 from agentstream.services.tools.builtin import BuiltinConfig, builtin_tools
 from agentstream.services.tools.registry import tool
-from agentstream.streams import resources
-from agentstream.streams.codec import Codec, DecodeError
-from agentstream.streams.events import ToolRegistered
-from agentstream.streams.outages import KAFKA, outage_of
-from agentstream.streams.registry import LocalRegistry, schema_id
-from agentstream.streams.tool_catalog import (
+from agentstream.streams.catalog.tools import (
     ToolCatalog,
     ToolCatalogUnavailable,
     ToolInfo,
@@ -29,7 +24,12 @@ from agentstream.streams.tool_catalog import (
     record_key,
     registration,
 )
-from agentstream.streams.topics import Topics
+from agentstream.streams.core import resources
+from agentstream.streams.core.events import ToolRegistered
+from agentstream.streams.core.outages import KAFKA, outage_of
+from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.registry import LocalRegistry, schema_id
+from agentstream.streams.kafka.topics import Topics
 
 CALC = ToolInfo("calculator", "Evaluate arithmetic.", {"type": "object", "properties": {"expression": {"type": "string"}}})
 

@@ -10,7 +10,7 @@ from agentstream.services.tools.builtin import BuiltinConfig, builtin_tools, cal
 from agentstream.services.tools.http import HttpGetConfig, _refused_address, fetch, http_get_tool
 from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, load_tools, tool
 from agentstream.services.tools.sql import SqlQueryConfig, _result
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("expression,value", [

@@ -9,7 +9,7 @@ import pytest
 
 from agentstream.services import worker as worker_module
 from agentstream.services.worker import Worker, make_backend
-from agentstream.streams.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError
 
 
 def test_unknown_backend() -> None:
@@ -72,7 +72,7 @@ def test_trtllm_limits_from_options_then_environment(monkeypatch: pytest.MonkeyP
 
 
 def test_a_malformed_trtllm_setting_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentstream.streams.config import TrtLlmSettings
+    from agentstream.streams.config.settings import TrtLlmSettings
 
     monkeypatch.setenv("AGENTSTREAM_TRTLLM_CHUNKED_PREFILL", "maybe")
     with pytest.raises(ConfigError, match="AGENTSTREAM_TRTLLM_CHUNKED_PREFILL='maybe' must be one of"):

@@ -34,7 +34,7 @@ from agentstream.services.inference.backends.base import (
     GenerationRequest,
 )
 from agentstream.services.inference.backends.chat_stream import ChatStream
-from agentstream.streams.config import mask_url
+from agentstream.streams.config.settings import mask_url
 
 log = logging.getLogger(__name__)
 _FINISH = {"abort": "cancelled", "cancelled": "cancelled"}  # vLLM's engine calls an aborted request "abort"

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest_asyncio
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.acls import tenant_prefix, tenant_principal
-from agentstream.streams.client import AgentClient
-from agentstream.streams.events import DeadLetter
-from agentstream.streams.tool_catalog import ToolCatalog
-from agentstream.streams.topics import Topics
+from agentstream.ops.acls import tenant_prefix, tenant_principal
+from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.core.events import DeadLetter
+from agentstream.streams.kafka.topics import Topics
 from tests.integration.acl_probes import connection, dead_letter
 from tests.integration.pipeline_tools import EFFECTS_TABLE
 from tests.integration.processes import start_worker, stop, wait_for

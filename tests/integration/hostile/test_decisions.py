@@ -20,10 +20,10 @@ import sys
 
 import pytest
 
-from agentstream.streams.acls import tenant_principal
-from agentstream.streams.approvals import NotAwaitingApproval
-from agentstream.streams.events import step_id
-from agentstream.streams.topics import Topics
+from agentstream.ops.acls import tenant_principal
+from agentstream.streams.core.approvals import NotAwaitingApproval
+from agentstream.streams.core.events import step_id
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import wait_awaiting_approval
 from tests.integration.acl_probes import connection
 from tests.integration.hostile.conftest import ACME, BETA, PARTITIONS, Cells

@@ -5,7 +5,7 @@
    published an ``InferenceCompleted`` for a victim's pending model step asking for
    ``transfer(amount=1000000)``, and the shared ``tools`` principal did the same on beta's tool-results
    topic; a forged final answer likewise. Now each topic carries only the events the contract assigns to
-   it (``streams/channels.py``): the forgeries are dead-lettered as ``refused``, and the victim's run goes
+   it (``streams/kafka/channels.py``): the forgeries are dead-lettered as ``refused``, and the victim's run goes
    on with its own model's reply — even though a forgery borrowed the real reply's event id.
 9. Run-id squatting: beta's task under a run id acme already holds got no outcome at all; now beta's
    producer gets a ``RunFailed(invalid_task)`` and acme's run is untouched.
@@ -20,10 +20,10 @@ import json
 
 import pytest
 
-from agentstream.streams.acls import tenant_principal
-from agentstream.streams.client import AgentClient
-from agentstream.streams.codec import codec_for
-from agentstream.streams.events import InferenceCompleted, TaskSubmitted, new_run_id
+from agentstream.ops.acls import tenant_principal
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.core.events import InferenceCompleted, TaskSubmitted, new_run_id
+from agentstream.streams.kafka.codec import codec_for
 from tests.integration.acl_probes import send
 from tests.integration.hostile.conftest import ACME, BETA, PLANNERS, Cells
 from tests.integration.processes import wait_for

@@ -32,7 +32,7 @@ from agentstream.devstack import files
 from agentstream.devstack.kafka import KafkaLauncher
 from agentstream.devstack.postgres import SUPERUSER
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.topics import Topics
+from agentstream.streams.kafka.topics import Topics
 from tests.integration.hostile.conftest import ACME
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")

@@ -3,7 +3,7 @@
 2. One 146-byte record wedged a planner for good: a ``TaskSubmitted`` writer schema with an extra
    ``array<null>`` field, then a record claiming 2^62 items, which fastavro skipped one at a time on the
    event loop. Now a reader learns only compatible versions of its own events with no zero-byte array
-   items (``streams/schema_guard.py``), and only the services may publish schemas: the record is
+   items (``streams/kafka/schema_guard.py``), and only the services may publish schemas: the record is
    dead-lettered as ``unknown_schema`` and the planner goes on.
 3. A flood of junk records with distinct keys, then a record with an unknown schema id, made an endless
    "outage" and one warning per junk record. Now the read resumes where it stopped and times out only on
@@ -20,9 +20,9 @@ import struct
 import fastavro
 import pytest
 
-from agentstream.streams.acls import tenant_principal
-from agentstream.streams.events import TaskSubmitted, new_run_id
-from agentstream.streams.registry import LocalRegistry, schema_id
+from agentstream.ops.acls import tenant_principal
+from agentstream.streams.core.events import TaskSubmitted, new_run_id
+from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 from tests.integration.acl_probes import can_write, producer, send
 from tests.integration.hostile.conftest import ACME, PLANNERS, Cells
 

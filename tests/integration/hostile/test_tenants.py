@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.streams.acls import tenant_prefix, tenant_principal
-from agentstream.streams.client import NotAnApprover
-from agentstream.streams.codec import codec_for
-from agentstream.streams.events import RunCancelRequested
-from agentstream.streams.topics import Topics
+from agentstream.ops.acls import tenant_prefix, tenant_principal
+from agentstream.streams.client.agent_client import NotAnApprover
+from agentstream.streams.core.events import RunCancelRequested
+from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import wait_awaiting_approval
 from tests.integration.acl_probes import can_read, can_write, connection, send
 from tests.integration.hostile.conftest import ACME, BETA

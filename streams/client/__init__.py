@@ -1,0 +1,2 @@
+"""The client: ``AgentClient`` (submit, wait, stream, read a run's history, decide approvals) and the
+watcher of ``agent.outcomes`` it waits on."""

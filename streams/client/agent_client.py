@@ -1,0 +1,468 @@
+"""AgentClient: submit tasks, wait for their outcome, read their history.
+
+    async with AgentClient() as client:
+        run_id = await client.submit("What is 17 * 23?", tools=["calculator"])
+        result = await client.wait(run_id)
+
+A bad task is refused by ``submit`` with ``TaskRejected`` and nothing is published; the rules are the
+planner's own (streams/core/task_rules.py). ``wait`` reads the outcome from ``agent.outcomes``: the client
+notes each partition's end offset *before* it looks at PostgreSQL, so an outcome published after that
+look is still read from Kafka (no race, no polling).
+
+Kafka is the intake: ``submit`` needs no database (tools are checked against the compacted
+``agent.tools``), and ``wait`` for a run this client submitted needs none either. Calls that must read
+PostgreSQL (history, status, a run submitted elsewhere) raise ``Unavailable`` while it is down, not the
+driver's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypedDict
+from urllib.parse import urlsplit
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import TopicAuthorizationFailedError
+
+from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.client.outcomes import OutcomeWatcher, RunResult
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.core import task_rules
+from agentstream.streams.core.approvals import NOT_AWAITING_APPROVAL, Decision, NotAwaitingApproval
+from agentstream.streams.core.errors import AgentStreamError, Unavailable
+from agentstream.streams.core.events import (
+    ApprovalDecided,
+    RunCancelRequested,
+    TaskSubmitted,
+    TokenChunk,
+    new_run_id,
+)
+from agentstream.streams.core.kinds import TERMINAL_STATUSES, StepKind, StepStatus
+from agentstream.streams.core.outages import DATABASE, outage_of
+from agentstream.streams.kafka.codec import DecodeError, codec_for
+from agentstream.streams.runtime.runner import Runtime
+from agentstream.streams.store.history import RunColumns
+from agentstream.streams.telemetry import trace_context as tracing
+
+log = logging.getLogger(__name__)
+
+MAX_TASK_BYTES = task_rules.MAX_TASK_BYTES
+MAX_STEPS_LIMIT = task_rules.MAX_STEPS_LIMIT
+MAX_METADATA = task_rules.MAX_METADATA
+
+
+class NotAnApprover(AgentStreamError):
+    """A decision on a tool call from a login that may not make one (``approvals = recorded``)."""
+
+
+class TaskRejected(AgentStreamError):
+    """The task was refused before anything was published; the message says why."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Text a model generated for one of the run's steps."""
+
+    offset: int  # in agent.tokens: resume with from_offset=offset + 1
+    step_id: str
+    seq: int
+    text: str
+
+
+class StepDetails(TypedDict):
+    """One of a run's steps (a row of ``steps``), as ``AgentClient.status`` returns it."""
+
+    step_index: int
+    kind: StepKind
+    status: StepStatus
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    error: str | None
+    requested_at: datetime
+    completed_at: datetime | None
+
+
+class RunDetails(RunColumns):
+    """A run (its row of ``runs``) and its steps, as ``AgentClient.status`` returns it."""
+
+    steps: list[StepDetails]
+
+
+class RecordedEvent(TypedDict):
+    """One recorded event of a run (a row of ``events``), as ``AgentClient.events`` returns it."""
+
+    event_id: str
+    step_id: str | None
+    event_type: str
+    topic: str
+    partition: int | None
+    offset: int | None
+    produced_at: datetime
+    appended_at: datetime | None
+    consumed_at: datetime | None
+    consumed_by: str | None
+    producer: str  # "{service}@{instance}"
+    payload: dict[str, Any]
+
+
+class AgentClient:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.load()
+        self.runtime = Runtime(self.settings, codec_for(self.settings))
+        self.topics = self.runtime.topics
+        self._pool: asyncpg.Pool | None = None
+        self._catalog: ToolCatalog | None = None
+        self._watcher: OutcomeWatcher | None = None
+        self._futures: dict[str, asyncio.Future[RunResult]] = {}
+        self._submitted: dict[str, datetime] = {}
+
+    async def __aenter__(self) -> AgentClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connect. Raises ``TopicsMissing`` when the topics the client sends to and reads from do not
+        exist yet (no worker has created them), rather than a timeout on the first send or wait."""
+        from agentstream.streams.kafka.topics import require_topics
+
+        try:
+            missing = await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools
+                self.topics.tasks, self.topics.outcomes, self.topics.tokens, self.topics.tools],
+                optional=[self.topics.schemas], auth=self.settings.kafka_auth)
+        except Exception:
+            await self.runtime.producer.stop()  # built unstarted with the runtime: closed, not leaked
+            raise
+        await self.runtime.start()
+        if self.topics.schemas not in missing:  # missing: the workers predate it, and cannot read it anyway
+            try:  # before the first submit: workers of other versions read it
+                await self.runtime.publish_schemas()
+            except TopicAuthorizationFailedError:
+                # A secure stack lets only the services publish schemas (streams/kafka/channels.py): this client
+                # writes with schemas they know, and is upgraded after them (docs/upgrades.md).
+                log.debug("not allowed to publish schemas to %s; writing with the services' schemas",
+                          self.topics.schemas)
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            await self._watcher.stop()
+        if self._catalog is not None:
+            await self._catalog.close()
+        await self.runtime.stop()
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def pool(self) -> asyncpg.Pool:
+        """The client's PostgreSQL pool (created on first use). Raises ``Unavailable`` when it cannot connect."""
+        if self._pool is None:
+            with _database():
+                self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=4)
+        return self._pool
+
+    # -- submit --------------------------------------------------------------------------------
+    async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int = 8,
+                     deadline: datetime | timedelta | float | None = None, model: str | None = None,
+                     system_prompt: str | None = None, metadata: dict[str, str] | None = None,
+                     prefetch: bool = True, on_tool_error: str = "tell_model", run_id: str | None = None) -> str:
+        """Validate and publish a task; return its run id. Raises ``TaskRejected``.
+
+        ``tools``: the tools the run may call (default: every registered tool). ``deadline``: an absolute
+        time, or a duration (timedelta or seconds) from now. ``prefetch``: start retrieval for the task
+        text alongside the first model call. ``on_tool_error``: when a tool fails for good,
+        ``tell_model`` (it decides) or ``fail_run``. ``run_id``: the run's id (default: a new one); a submit
+        retried with the same id and task publishes the same event, so the run starts once however often
+        the call is repeated (after a timeout, a lost connection).
+        """
+        at = _deadline(deadline)
+        tools = await self._check(task, tools, max_steps, at, model, system_prompt, metadata, on_tool_error,
+                                  prefetch)
+        if run_id is not None and (problem := task_rules.run_id_problem(run_id)):
+            raise TaskRejected(problem)
+        await self.watch_outcomes()  # before publishing: the outcome cannot slip past us
+        run_id = run_id or new_run_id()
+        self._future(run_id)
+        event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
+                                    tools=tools, max_steps=max_steps, deadline=at, model=model,
+                                    system_prompt=system_prompt, metadata=dict(metadata or {}),
+                                    prefetch=prefetch, on_tool_error=on_tool_error)
+        future = await self.runtime.send(self.topics.tasks, event,
+                                         headers=[(tracing.HEADER, tracing.new_traceparent().encode())])
+        await future
+        self._submitted[run_id] = event.created_at
+        return run_id
+
+    async def _check(self, task: Any, tools: Any, max_steps: Any, deadline: datetime | None, model: Any,
+                     system_prompt: Any, metadata: Any, on_tool_error: Any, prefetch: Any) -> list[str]:
+        """The task's tools (all registered ones when ``tools`` is None); raises ``TaskRejected``."""
+        problem = task_rules.task_problem(
+            task=task, tools=[] if tools is None else tools, max_steps=max_steps, deadline=deadline, model=model,
+            system_prompt=system_prompt, metadata=metadata, on_tool_error=on_tool_error, prefetch=prefetch,
+            now=datetime.now(UTC))
+        if problem:
+            raise TaskRejected(problem)
+        catalog = await self._tool_catalog()
+        if tools is None:
+            return sorted(await catalog.all())
+        unknown = await catalog.unknown(list(tools))
+        if unknown:
+            known = ", ".join(sorted(await catalog.all())) or "none (is a tool worker running?)"
+            raise TaskRejected(f"unknown tool(s): {', '.join(unknown)}; registered tools: {known}")
+        return list(dict.fromkeys(tools))
+
+    async def cancel(self, run_id: str, reason: str = "") -> None:
+        """Ask the planner to stop the run (it fails with error_code ``cancelled``; a generation in
+        progress is aborted). Cancelling a run that has ended does nothing."""
+        event = RunCancelRequested.build(run_id=run_id, step=f"{run_id}:cancel", service="client",
+                                         reason=reason, requested_by="client")
+        await (await self.runtime.send(self.topics.tasks, event))
+
+    async def approve(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> Decision:
+        """Let the tool call waiting at ``step_id`` run. Returns the decision that holds (``Decision``:
+        an earlier denial stands over this approval)."""
+        return await self._decide(run_id, step_id, True, reason, by)
+
+    async def deny(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> Decision:
+        """Refuse the tool call waiting at ``step_id``; the model is told, with the reason. Returns the
+        decision that holds (``Decision``: an earlier approval stands over this denial)."""
+        return await self._decide(run_id, step_id, False, reason, by)
+
+    async def _decide(self, run_id: str, step_id: str, asked: bool, reason: str, by: str) -> Decision:
+        """With ``approvals = recorded`` the decision is first recorded under this client's own database
+        login (``agentstream_decide``: who decided is the login, ``by`` is ignored; the first decision on a
+        step stands; a step the run does not wait at is refused), then the decision that stands is
+        announced; the planner acts on the record. With ``open``, announced only."""
+        decision = Decision(run_id=run_id, step_id=step_id, asked=asked, approved=asked, reason=reason,
+                            decided_by=by or "client", decided_at=None, recorded=False)
+        if self.settings.approvals == "recorded":
+            decision = await self._record(decision)
+        event = ApprovalDecided.build(run_id=run_id, step=step_id, service="client", approved=decision.approved,
+                                      reason=decision.reason, decided_by=decision.decided_by)
+        await (await self.runtime.send(self.topics.tasks, event))
+        return decision
+
+    async def _record(self, asked: Decision) -> Decision:
+        """``agentstream_decide``: the decision recorded on the step, by this call or an earlier one."""
+        login = urlsplit(self.settings.database_url).username or "?"
+        with _database():
+            try:
+                row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
+                                                         asked.run_id, asked.step_id, asked.asked, asked.reason)
+            except asyncpg.InsufficientPrivilegeError:
+                row = None  # not granted the function: not an approver
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != NOT_AWAITING_APPROVAL:
+                    raise
+                raise NotAwaitingApproval(f"{exc.message}: nothing was recorded "
+                                          "(`agentstream approvals` lists the calls waiting)") from None
+        if row is None:
+            raise NotAnApprover(f"the database login {login!r} may not decide on this tool call: an approver's "
+                                "login (a member of agentstream_approver, or a tenant's approver for its own "
+                                "runs) records decisions")
+        # decided_now: migration 0015; before it the function did not say (guessed from who decided).
+        now = row["decided_now"] if "decided_now" in row.keys() else str(row["decided_by"]) == login
+        return replace(asked, approved=bool(row["approved"]), reason=str(row["reason"]),
+                       decided_by=str(row["decided_by"]), decided_at=row.get("decided_at"), recorded=True,
+                       earlier=not now)
+
+    async def awaiting_approval(self) -> list[dict[str, Any]]:
+        """Runs paused on a tool call that needs approval: run id, step id, tool, arguments, since when."""
+        with _database():
+            rows = await (await self.pool()).fetch(
+            """SELECT run_id, state->>'pending_step_id' AS step_id, state->'pending_request' AS request,
+                          updated_at FROM runs WHERE status = 'awaiting_approval' ORDER BY updated_at""")
+        return [{"run_id": r["run_id"], "step_id": r["step_id"], "since": r["updated_at"],
+                 **{k: v for k, v in json.loads(r["request"]).items() if k in ("tool", "arguments")}} for r in rows]
+
+    async def _tool_catalog(self) -> ToolCatalog:
+        """Tool names are checked against ``agent.tools``, not PostgreSQL: submit works while the
+        database is down (streams/catalog/tools.py)."""
+        if self._catalog is None:
+            self._catalog = ToolCatalog.for_runtime(self.runtime)
+        return self._catalog
+
+    # -- wait ----------------------------------------------------------------------------------
+    async def watch_outcomes(self) -> None:
+        """Start following ``agent.outcomes`` now (``submit`` and ``wait`` do it on first use); a caller
+        about to submit many runs at once calls it first, so no outcome can slip past a waiter."""
+        if self._watcher is None:
+            self._watcher = OutcomeWatcher(self.settings.kafka_bootstrap, self.topics.outcomes,
+                                           self.settings.partitions, self.runtime.codec, self._resolve,
+                                           request_timeout_ms=self.settings.kafka_request_timeout_ms,
+                                           auth=self.settings.kafka_auth)
+            await self._watcher.start()
+
+    def _future(self, run_id: str) -> asyncio.Future[RunResult]:
+        if run_id not in self._futures:
+            self._futures[run_id] = asyncio.get_running_loop().create_future()
+        return self._futures[run_id]
+
+    def _resolve(self, result: RunResult) -> None:
+        future = self._futures.get(result.run_id)
+        if future is not None and not future.done():  # only runs someone submitted or waits for
+            future.set_result(result)
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """The run's outcome, once it has one. Raises ``TimeoutError`` after ``timeout`` seconds, and
+        ``Unavailable`` when it must ask PostgreSQL (a run this client did not submit) and cannot."""
+        await self.watch_outcomes()
+        followed = run_id in self._futures  # submitted here: the watcher started before the task was sent
+        future = self._future(run_id)
+        # A run this client submitted cannot have ended unseen: its outcome is in the future already or
+        # still to come. Another run may have ended before the watcher started: PostgreSQL knows.
+        if not future.done() and not followed:
+            try:
+                with _database():
+                    row = await (await self.pool()).fetchrow(
+                        """SELECT status, answer, error_code, error, step_count,
+                                  extract(epoch FROM (updated_at - submitted_at)) * 1000 AS ms
+                           FROM runs WHERE run_id = $1""", run_id)
+            except Unavailable:
+                self._futures.pop(run_id, None)
+                raise
+            if row is not None and row["status"] in TERMINAL_STATUSES:
+                return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
+                                 row["step_count"], float(row["ms"]))
+        result = await asyncio.wait_for(asyncio.shield(future), timeout)
+        self._futures.pop(run_id, None)
+        return result
+
+    # -- tokens --------------------------------------------------------------------------------
+    async def stream(self, run_id: str, *, from_offset: int | None = None,
+                     poll_ms: int = 100) -> AsyncIterator[TokenEvent]:
+        """The run's generated text as it is made, until the run ends.
+
+        Each item carries its offset in ``agent.tokens``: after a disconnect, call again with
+        ``from_offset=last.offset + 1`` to continue with nothing lost and nothing repeated. Without
+        ``from_offset`` the stream starts at the run's submission (found by timestamp, so no scan).
+        """
+        tp = TopicPartition(self.topics.tokens, self.topics.partition_for(run_id))
+        await self.watch_outcomes()
+        outcome = self._future(run_id)
+        consumer = AIOKafkaConsumer(**self.settings.kafka_options(), enable_auto_commit=False,
+                                    isolation_level="read_committed", fetch_max_wait_ms=poll_ms)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            if from_offset is None:
+                from_offset = await self._first_offset(consumer, tp, run_id)
+            consumer.seek(tp, from_offset)
+            finished = await self._finished(run_id)  # ended before we looked: its outcome is not awaited
+            seen: set[tuple[str, int]] = set()
+            end: int | None = None
+            while True:
+                batch = await consumer.getmany(tp, timeout_ms=poll_ms)
+                for msg in batch.get(tp, []):
+                    if msg.key != run_id.encode():
+                        continue
+                    try:
+                        chunk = await self.runtime.codec.decode_async(msg.value)
+                    except DecodeError:
+                        continue
+                    if isinstance(chunk, TokenChunk) and (chunk.step_id, chunk.seq) not in seen:
+                        seen.add((chunk.step_id, chunk.seq))  # a regenerated step repeats its chunks
+                        yield TokenEvent(offset=msg.offset, step_id=chunk.step_id, seq=chunk.seq, text=chunk.text)
+                if end is None and (finished or outcome.done()):
+                    # Every token of the run was acknowledged before its outcome was published.
+                    end = (await consumer.end_offsets([tp]))[tp]
+                if end is not None and await consumer.position(tp) >= end:
+                    return
+        finally:
+            await consumer.stop()
+
+    async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition, run_id: str) -> int:
+        # The end offset is read first: a chunk produced while the timestamp is looked up lies past it,
+        # so falling back to it can never skip the run's first tokens.
+        end = (await consumer.end_offsets([tp]))[tp]
+        submitted = self._submitted.get(run_id)
+        if submitted is None:
+            with _database():
+                submitted = await (await self.pool()).fetchval("SELECT submitted_at FROM runs WHERE run_id = $1",
+                                                               run_id)
+        if submitted is None:
+            return end
+        found = (await consumer.offsets_for_times({tp: int(submitted.timestamp() * 1000) - 1000})).get(tp)
+        return end if found is None else found.offset
+
+    async def _finished(self, run_id: str) -> bool:
+        try:
+            with _database():
+                status = await (await self.pool()).fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
+        except Unavailable:
+            if run_id not in self._submitted:
+                raise
+            return False  # submitted here: its outcome reaches the watcher, which follows it since then
+        return status in TERMINAL_STATUSES
+
+    # -- history -------------------------------------------------------------------------------
+    async def status(self, run_id: str) -> RunDetails | None:
+        """The run's row and its steps, from PostgreSQL (None for an unknown run)."""
+        pool = await self.pool()
+        with _database():
+            run = await pool.fetchrow(
+                """SELECT run_id, status, task, step_count, answer, error_code, error, submitted_at, updated_at,
+                          finished_at FROM runs WHERE run_id = $1""", run_id)
+            if run is None:
+                return None
+            steps = await pool.fetch(
+                """SELECT step_index, kind, status, request::text AS request, result::text AS result, error,
+                          requested_at, completed_at FROM steps WHERE run_id = $1 ORDER BY step_index""", run_id)
+        return RunDetails(
+            run_id=run["run_id"], status=run["status"], task=run["task"], step_count=run["step_count"],
+            answer=run["answer"], error_code=run["error_code"], error=run["error"],
+            submitted_at=run["submitted_at"], updated_at=run["updated_at"], finished_at=run["finished_at"],
+            steps=[StepDetails(step_index=s["step_index"], kind=s["kind"], status=s["status"],
+                               request=json.loads(s["request"]),
+                               result=json.loads(s["result"]) if s["result"] else None, error=s["error"],
+                               requested_at=s["requested_at"], completed_at=s["completed_at"]) for s in steps])
+
+    async def events(self, run_id: str) -> list[RecordedEvent]:
+        """Every recorded event of the run, in the order they were produced."""
+        with _database():
+            rows = await (await self.pool()).fetch(
+                """SELECT event_id::text, step_id, event_type, topic, partition, "offset", produced_at,
+                          appended_at, consumed_at, consumed_by, producer, payload::text AS payload
+                   FROM events WHERE run_id = $1 ORDER BY produced_at, recorded_at""", run_id)
+        return [RecordedEvent(event_id=r["event_id"], step_id=r["step_id"], event_type=r["event_type"],
+                              topic=r["topic"], partition=r["partition"], offset=r["offset"],
+                              produced_at=r["produced_at"], appended_at=r["appended_at"],
+                              consumed_at=r["consumed_at"], consumed_by=r["consumed_by"], producer=r["producer"],
+                              payload=json.loads(r["payload"])) for r in rows]
+
+
+@contextlib.contextmanager
+def _database() -> Iterator[None]:
+    """PostgreSQL being down is ``Unavailable`` to the client's caller, not the driver's exception."""
+    try:
+        yield
+    except Exception as exc:
+        if outage_of(exc) == DATABASE:
+            raise Unavailable(f"PostgreSQL is unavailable ({type(exc).__name__}: {exc}); try again later") from exc
+        raise
+
+
+def _deadline(deadline: datetime | timedelta | float | None) -> datetime | None:
+    if deadline is None:
+        return None
+    now = datetime.now(UTC)
+    if isinstance(deadline, bool):
+        raise TaskRejected("deadline must be a datetime, a timedelta or seconds")
+    if isinstance(deadline, (int, float)):
+        deadline = timedelta(seconds=deadline)
+    if isinstance(deadline, timedelta):
+        deadline = now + deadline
+    if not isinstance(deadline, datetime):
+        raise TaskRejected("deadline must be a datetime, a timedelta or seconds")
+    if deadline.tzinfo is None:
+        raise TaskRejected("deadline must be timezone-aware")
+    if deadline <= now:
+        raise TaskRejected("the deadline has already passed")
+    return deadline

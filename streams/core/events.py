@@ -1,0 +1,450 @@
+"""Event types, mirroring ``schemas/*.avsc`` field for field (a contract test keeps them in step).
+
+Every event shares the envelope fields of ``Event``. Ids are deterministic so that a transition
+replayed after a crash republishes the same events, and consumers can drop the copies:
+
+- ``event_id`` → a UUIDv5 of the step id, the event type and the attempt (``event_id_for``); events
+  from other producers may carry any non-empty id (``task_rules.event_id_problem``);
+- ``step_id``, by event (docs/contract.md, "Ids"): a model, tool or retrieval step (its request, its
+  result, its token chunks, an ``ApprovalDecided``) is ``step_id(run_id, index, kind)`` →
+  ``"{run_id}:{index}:{kind}"`` (index from 0, kind ``model``, ``tool`` or ``retrieval``); a
+  ``TaskSubmitted`` is ``"{run_id}:task"``, a ``RunCancelRequested`` ``"{run_id}:cancel"``, the
+  speculative retrieval ``"{run_id}:prefetch"``, a tool's own retrieval ``"{tool step}/retrieve"``,
+  ``RunCompleted``/``RunFailed`` ``"{run_id}:outcome"``, a ``RunStateSnapshot``
+  ``"{run_id}:snapshot:{version}"``, a ``DeadLetter`` ``"dlq:{topic}:{partition}:{offset}"`` (or
+  ``"dlq:{step}"`` from the tool service), a ``ToolRegistered`` ``"tools:{name}"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import socket
+import typing
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Self
+
+from agentstream.streams.core.kinds import (
+    AlertKind,
+    DeadLetterKind,
+    OnToolError,
+    PendingKind,
+    Role,
+    RunStatus,
+    Severity,
+    ToolErrorKind,
+)
+from agentstream.streams.core.task_rules import MAX_RUN_ID_CHARS, event_id_problem, run_id_problem
+
+#: A step id is its run id and a suffix (``:12:model``, ``/retrieve``): bounded like the run id, with room.
+MAX_STEP_ID_CHARS = MAX_RUN_ID_CHARS + 100
+_EVENT_NS = uuid.UUID("6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11")
+_EVENT_NS_BYTES = _EVENT_NS.bytes
+
+
+def step_id(run_id: str, index: int, kind: str) -> str:
+    """The id of step ``index`` of ``run_id``; the same inputs always give the same id."""
+    return f"{run_id}:{index}:{kind}"
+
+
+def event_id_for(step: str, event_type: str, attempt: int = 0) -> str:
+    return uuid5_str(_EVENT_NS_BYTES, f"{step}|{event_type}|{attempt}")
+
+
+def uuid5_str(namespace: bytes, name: str) -> str:
+    """``str(uuid.uuid5(UUID(bytes=namespace), name))`` without the ``UUID`` object, whose construction
+    and formatting took three quarters of the 5 µs an id cost (every event built gets one)."""
+    digest = bytearray(hashlib.sha1(namespace + name.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@functools.cache
+def default_instance() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Producer:
+    service: str
+    instance: str = field(default_factory=default_instance)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    role: Role
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Passage:
+    id: str
+    text: str
+    score: float
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """The envelope every event carries. ``schema_name`` is the Avro record's full name."""
+
+    schema_name: ClassVar[str] = ""
+
+    event_id: str
+    run_id: str
+    step_id: str
+    parent_step_id: str | None = None
+    attempt: int = 0
+    created_at: datetime
+    producer: Producer
+
+    @classmethod
+    def build(cls, *, run_id: str, step: str, service: str, attempt: int = 0,
+              parent_step_id: str | None = None, created_at: datetime | None = None, part: str = "",
+              **payload: Any) -> Self:
+        """An event of this type with its deterministic ``event_id`` filled in. ``part`` tells apart
+        several events of one type for one step (the token chunks of a generation)."""
+        return cls(
+            event_id=event_id_for(f"{step}#{part}" if part else step, cls.__name__, attempt),
+            run_id=run_id, step_id=step,
+            parent_step_id=parent_step_id, attempt=attempt, created_at=created_at or utcnow(),
+            producer=Producer(service=service), **payload,
+        )
+
+    def problem(self) -> str | None:
+        """What makes this event unusable, or None. Services check their own payload rules."""
+        id_problem = event_id_problem(self.event_id)
+        if id_problem:
+            return id_problem
+        run_problem = run_id_problem(self.run_id)
+        if run_problem:  # every event is keyed, stored and logged by its run id: bounded everywhere
+            return run_problem
+        if not self.step_id:
+            return "step_id is empty"
+        if len(self.step_id) > MAX_STEP_ID_CHARS:
+            return f"the step id is {len(self.step_id)} characters; the limit is {MAX_STEP_ID_CHARS}"
+        if self.attempt < 0:
+            return "attempt is negative"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Avro datum (nested records as dicts)."""
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        event: Self = _from_dict(cls, data)
+        return event
+
+
+_NS = "io.agentstream.events."
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSubmitted(Event):
+    schema_name: ClassVar[str] = _NS + "TaskSubmitted"
+    task: str
+    tools: list[str] = field(default_factory=list)
+    max_steps: int
+    deadline: datetime | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    prefetch: bool = True
+    on_tool_error: OnToolError = "tell_model"
+    replay_of: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceRequested(Event):
+    schema_name: ClassVar[str] = _NS + "InferenceRequested"
+    messages: list[Message]
+    model: str | None = None
+    response_schema: str | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "InferenceCompleted"
+    text: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    ttft_ms: float = 0.0
+    duration_ms: float = 0.0
+    model: str = ""
+    backend: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenChunk(Event):
+    schema_name: ClassVar[str] = _NS + "TokenChunk"
+    seq: int
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalRequested(Event):
+    schema_name: ClassVar[str] = _NS + "RetrievalRequested"
+    query: str
+    k: int = 5
+    collection: str = "default"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "RetrievalCompleted"
+    passages: list[Passage] = field(default_factory=list)
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallRequested(Event):
+    schema_name: ClassVar[str] = _NS + "ToolCallRequested"
+    tool: str
+    arguments: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "ToolCallCompleted"
+    tool: str
+    ok: bool
+    result: str | None = None
+    error: str | None = None
+    duration_ms: float = 0.0
+    replayed: bool = False
+    error_kind: ToolErrorKind | None = None
+    attempts: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStateSnapshot(Event):
+    schema_name: ClassVar[str] = _NS + "RunStateSnapshot"
+    status: RunStatus
+    task: str
+    tools: list[str] = field(default_factory=list)
+    max_steps: int
+    deadline: datetime | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    step_index: int
+    pending_step_id: str | None = None
+    pending_kind: PendingKind | None = None
+    messages: list[Message] = field(default_factory=list)
+    answer: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    parse_failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    version: int
+    submitted_at: datetime
+    updated_at: datetime
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCancelRequested(Event):
+    schema_name: ClassVar[str] = _NS + "RunCancelRequested"
+    reason: str = ""
+    requested_by: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalDecided(Event):
+    schema_name: ClassVar[str] = _NS + "ApprovalDecided"
+    approved: bool
+    reason: str = ""
+    decided_by: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCompleted(Event):
+    schema_name: ClassVar[str] = _NS + "RunCompleted"
+    answer: str
+    steps: int
+    duration_ms: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFailed(Event):
+    schema_name: ClassVar[str] = _NS + "RunFailed"
+    error_code: str
+    error: str
+    steps: int
+    duration_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetter(Event):
+    schema_name: ClassVar[str] = _NS + "DeadLetter"
+    consumer: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    error_kind: DeadLetterKind
+    reason: str
+    #: The original value's size and SHA-256 (hex): a truncated letter still identifies its original, and
+    #: a re-drive checks that what it read back from the source topic is that record. None in old letters.
+    value_size: int | None = None
+    value_sha256: str | None = None
+    #: Cut to fit ``Settings.max_event_bytes`` (streams/runtime/dead_letters.py): ``value`` is a prefix; key, header values
+    #: and reason may be cut too.
+    truncated: bool = False
+
+    def problem(self) -> str | None:
+        """A dead letter may not know its run (the record it carries may not have decoded)."""
+        return None if self.step_id else "step_id is empty"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimCheck(Event):
+    """Stands in for an event whose encoding is larger than a Kafka record may be (streams/kafka/claims.py).
+    It keeps the event's id, run and step, so consumers route and de-duplicate it as the event itself."""
+
+    schema_name: ClassVar[str] = _NS + "ClaimCheck"
+    event_type: str
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlertRaised(Event):
+    """A threshold crossed (``agent.alerts``, raised by services/alerts). ``run_id``/``step_id`` name the
+    step that crossed it when there is one (a slow tool call); aggregate alerts have an empty run id."""
+
+    schema_name: ClassVar[str] = _NS + "AlertRaised"
+    kind: AlertKind
+    severity: Severity = "warning"
+    subject: str
+    value: float
+    threshold: float
+    unit: str
+    count: int = 0
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    message: str
+
+    def problem(self) -> str | None:
+        return None if self.step_id else "step_id is empty"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolRegistered(Event):
+    """A tool worker serves this tool (compacted ``agent.tools``, so submit can check tool names without
+    PostgreSQL; key: name, version and metadata digest, so compaction keeps every distinct registration
+    and readers can always pick each tool's highest version). It belongs to no run: ``run_id`` is
+    ``"tools"`` and ``step_id`` is ``tools:{name}`` (streams/catalog/tools.py)."""
+
+    schema_name: ClassVar[str] = _NS + "ToolRegistered"
+    name: str
+    description: str
+    parameters: str  # the arguments' JSON schema, as JSON text (its shape is the tool's own business)
+    requires_approval: bool = False
+    registered_by: str
+    #: The metadata's version (``@tool(version=N)``); 0: registered before versions existed.
+    version: int = 0
+
+    def problem(self) -> str | None:
+        return super().problem() or (None if self.name else "name is empty")
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.schema_name: cls
+    for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
+                RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
+                ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised, ClaimCheck, ToolRegistered)
+}
+
+_RECORDS = (Producer, Message, Passage)
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    """Field values by name, nested records as dicts (type information is precomputed per class:
+    this runs for every event published)."""
+    cls: type = type(obj)
+    data = {name: getattr(obj, name) for name in _names(cls)}
+    for name, (shape, _record) in _nested(cls).items():
+        value = data[name]
+        if value is not None:
+            data[name] = _to_dict(value) if shape == "one" else [_to_dict(v) for v in value]
+    return data
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    return tuple(dataclasses.fields(cls))
+
+
+@functools.cache
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in _fields(cls))
+
+
+@functools.cache
+def _nested(cls: type) -> dict[str, tuple[str, type]]:
+    """Fields holding nested records: name -> ("one" | "list", record class)."""
+    hints = typing.get_type_hints(cls)
+    nested: dict[str, tuple[str, type]] = {}
+    for f in _fields(cls):
+        hint = hints[f.name]
+        if hint in _RECORDS:
+            nested[f.name] = ("one", hint)
+        elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in _RECORDS:
+            nested[f.name] = ("list", typing.get_args(hint)[0])
+    return nested
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    names = _names(cls)
+    if len(data) == len(names) and all(name in data for name in names):
+        return _from_datum(cls, data)
+    known = set(names)
+    values = {k: v for k, v in data.items() if k in known}
+    for name, (shape, record) in _nested(cls).items():
+        if name in values and values[name] is not None:
+            raw = values[name]
+            values[name] = _from_dict(record, raw) if shape == "one" else [_from_dict(record, r) for r in raw]
+    return cls(**values)
+
+
+def _from_datum(cls: type, data: dict[str, Any]) -> Any:
+    """``data`` has exactly the class's fields (an Avro datum read with the class's own schema, which
+    mirrors it): the object is made without the frozen dataclass's ``__init__``, which sets each field
+    through ``object.__setattr__`` and cost more than half of decoding an event (18 µs of 29 for a model
+    request). Nothing is lost: the fields have no ``__post_init__`` and no defaults to fill in."""
+    values = dict(data)
+    for name, (shape, record) in _nested(cls).items():
+        raw = values[name]
+        if raw is not None:
+            values[name] = _from_dict(record, raw) if shape == "one" else [_from_dict(record, r) for r in raw]
+    obj: Any = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj

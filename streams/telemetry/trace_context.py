@@ -1,0 +1,62 @@
+"""W3C trace context (``traceparent``) carried in a Kafka header from event to event.
+
+Each run gets a trace id when it is submitted; every event a service emits while handling an event
+carries the context of that handling, so one run is one trace across every hop.
+
+This module is the cheap part that always runs: it formats and parses header values and never imports
+OpenTelemetry. When tracing is on (``AGENTSTREAM_TRACING``), ``agentstream.streams.telemetry.tracing`` installs a
+hook here so that ``new_traceparent()`` — what a client calls when it submits a task — starts the run's
+root span, and the runtime makes one span per handled record (``streams/runtime/runner.py``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import secrets
+from collections.abc import Callable
+
+HEADER = "traceparent"
+
+#: The traceparent of the record being handled in this task (set by the runtime): events sent from
+#: inside a handler without an explicit one (a tool asking the retrieval service) join the run's trace.
+CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentstream_traceparent", default=None)
+
+_root_hook: Callable[[], str] | None = None
+_hook_checked = False
+
+
+def set_root_hook(hook: Callable[[], str] | None) -> None:
+    """Installed by ``agentstream.streams.telemetry.tracing``: makes ``new_traceparent()`` start a root span."""
+    global _root_hook, _hook_checked
+    _root_hook = hook
+    _hook_checked = True
+
+
+def new_traceparent() -> str:
+    """The traceparent of a new run (a root span when tracing is on, random ids otherwise)."""
+    global _hook_checked
+    if not _hook_checked:
+        _hook_checked = True
+        from agentstream.streams.telemetry.tracing import process_tracing
+
+        process_tracing()  # installs the hook when the environment turns tracing on
+    if _root_hook is not None:
+        return _root_hook()
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def random_traceparent() -> str:
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def child_of(parent: str | None) -> str:
+    """A traceparent for an event caused by ``parent`` (a fresh trace when there is none or it is malformed)."""
+    parts = parent.split("-") if parent else []
+    if len(parts) != 4 or len(parts[1]) != 32:
+        return random_traceparent()
+    return f"00-{parts[1]}-{secrets.token_hex(8)}-{parts[3]}"
+
+
+def trace_id(traceparent: str | None) -> str | None:
+    parts = traceparent.split("-") if traceparent else []
+    return parts[1] if len(parts) == 4 else None
