@@ -54,20 +54,20 @@ _EXPORTS: dict[str, str] = {
     "StackError": "agentstream.streams.core.errors",
     "MigrationError": "agentstream.streams.core.errors",
     "Unavailable": "agentstream.streams.core.errors",
-    "MissingExtra": "agentstream.streams.core.extras",
-    "TaskRejected": "agentstream.streams.client.agent_client",
-    "DecodeError": "agentstream.streams.kafka.codec",
-    "UnknownSchema": "agentstream.streams.kafka.registry",
-    "EventTooLarge": "agentstream.streams.kafka.claims",
-    "ClaimMissing": "agentstream.streams.kafka.claims",
-    "TopicsMissing": "agentstream.streams.kafka.topics",
-    "TopicMismatch": "agentstream.streams.kafka.topics",
-    "ToolCatalogUnavailable": "agentstream.streams.catalog.tools",
-    "DeadLetterError": "agentstream.streams.runtime.dead_letters",
-    "ToolError": "agentstream.services.tools.registry",
-    "ToolArgumentError": "agentstream.services.tools.registry",
-    "BackendError": "agentstream.services.inference.backends.base",
-    "ReplayError": "agentstream.replay.rerun",
+    "MissingExtra": "agentstream.streams.core.errors",
+    "TaskRejected": "agentstream.streams.core.errors",
+    "DecodeError": "agentstream.streams.core.errors",
+    "UnknownSchema": "agentstream.streams.core.errors",
+    "EventTooLarge": "agentstream.streams.core.errors",
+    "ClaimMissing": "agentstream.streams.core.errors",
+    "TopicsMissing": "agentstream.streams.core.errors",
+    "TopicMismatch": "agentstream.streams.core.errors",
+    "ToolCatalogUnavailable": "agentstream.streams.core.errors",
+    "DeadLetterError": "agentstream.streams.core.errors",
+    "ToolError": "agentstream.streams.core.errors",
+    "ToolArgumentError": "agentstream.streams.core.errors",
+    "BackendError": "agentstream.streams.core.errors",
+    "ReplayError": "agentstream.streams.core.errors",
 }
 
 #: The public API, written out (type checkers and linters read it); a test checks it matches _EXPORTS.
@@ -139,26 +139,36 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same at run time
-    from agentstream.replay.rerun import ReplayError
-    from agentstream.services.inference.backends.base import BackendError
-    from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, tool
-    from agentstream.streams.catalog.tools import ToolCatalogUnavailable
+    from agentstream.services.tools.registry import ToolContext, tool
     from agentstream.streams.client.agent_client import (
         AgentClient,
         RecordedEvent,
         RunDetails,
         StepDetails,
-        TaskRejected,
         TokenEvent,
     )
     from agentstream.streams.client.outcomes import RunResult
     from agentstream.streams.config.settings import Settings
     from agentstream.streams.core.errors import (
         AgentStreamError,
+        BackendError,
+        ClaimMissing,
         ConfigError,
+        DeadLetterError,
+        DecodeError,
+        EventTooLarge,
         MigrationError,
+        MissingExtra,
+        ReplayError,
         StackError,
+        TaskRejected,
+        ToolArgumentError,
+        ToolCatalogUnavailable,
+        ToolError,
+        TopicMismatch,
+        TopicsMissing,
         Unavailable,
+        UnknownSchema,
     )
     from agentstream.streams.core.events import (
         EVENT_TYPES,
@@ -170,11 +180,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
         TokenChunk,
         new_run_id,
     )
-    from agentstream.streams.core.extras import MissingExtra
     from agentstream.streams.core.kinds import RunStatus, StepKind
-    from agentstream.streams.kafka.claims import ClaimMissing, EventTooLarge
-    from agentstream.streams.kafka.codec import Codec, DecodeError, codec_for
-    from agentstream.streams.kafka.registry import UnknownSchema
-    from agentstream.streams.kafka.topics import TopicMismatch, TopicsMissing
-    from agentstream.streams.runtime.dead_letters import DeadLetterError
+    from agentstream.streams.kafka.codec import Codec, codec_for
     from agentstream.testing import Pipeline

@@ -46,8 +46,9 @@ from chaos_load import SubmittedRun
 from chaos_poison import POISON_PREFIX, Injected
 from chaos_tools import EFFECTS_TABLE
 
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import DeadLetter, RunCompleted, RunFailed, RunStateSnapshot
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.topics import Topics
 
 #: Letters, runs and examples listed in the report at most (the counts are always complete).

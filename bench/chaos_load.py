@@ -23,8 +23,9 @@ from datetime import UTC, datetime, timedelta
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger("chaos")

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from agentstream.deploy.podman import KubePlay, podman, rendering
 from agentstream.devstack.stack import DevStack
-from agentstream.streams.client.agent_client import AgentClient, TaskRejected
+from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import TaskRejected
 from agentstream.streams.kafka.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]

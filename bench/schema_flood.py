@@ -36,8 +36,9 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from proc_cpu import cpu_seconds
 
 from agentstream.devstack.private import PrivateStack
-from agentstream.streams.client.agent_client import AgentClient, TaskRejected
+from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.kafka_auth import kafka_options
+from agentstream.streams.core.errors import TaskRejected
 from agentstream.streams.core.events import DeadLetter, TaskSubmitted, new_run_id
 from agentstream.streams.kafka.registry import LocalRegistry
 from agentstream.streams.kafka.schema_log import encode_schema

@@ -18,14 +18,10 @@ from typing import Any
 from agentstream.deploy import manifests, values
 from agentstream.deploy.render import to_yaml
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import PodmanError
 
 Obj = dict[str, Any]
 PLAYED = ("ConfigMap", "Pod", "Deployment")
-
-
-class PodmanError(AgentStreamError):
-    """A podman command failed."""
 
 
 def podman(*args: str, conf: Path | None = None, check: bool = True,

@@ -20,7 +20,7 @@ Values = dict[str, Any]
 
 
 def _yaml() -> Any:
-    from agentstream.streams.core.extras import MissingExtra
+    from agentstream.streams.core.errors import MissingExtra
 
     try:
         import yaml

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentstream.devstack import files, process
-from agentstream.streams.core.errors import StackError
-from agentstream.streams.core.extras import MissingExtra
+from agentstream.streams.core.errors import MissingExtra, StackError
 
 SUPERUSER = "postgres"
 

@@ -37,7 +37,7 @@ from agentstream.streams.catalog.tools import copy_catalogue
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.client.outcomes import RunResult
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import ReplayError
 from agentstream.streams.core.events import TaskSubmitted, new_run_id
 from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.streams.replay import timeline
@@ -46,10 +46,6 @@ from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger(__name__)
 MODES = ("recorded", "live", "fork")
-
-
-class ReplayError(AgentStreamError):
-    """The run to replay does not exist, or the replay could not run; the message says why."""
 
 
 @dataclass(frozen=True)

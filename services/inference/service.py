@@ -20,17 +20,11 @@ import json
 import time
 from datetime import UTC, datetime
 
-from agentstream.services.inference.backends.base import (
-    Backend,
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import Backend, ChatMessage, Delta, Final, GenerationRequest
 from agentstream.streams.client.outcomes import RunResult
-from agentstream.streams.core.errors import Abandoned
+from agentstream.streams.core.errors import BackendError
 from agentstream.streams.core.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
+from agentstream.streams.core.signals import Abandoned
 from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
 
 SERVICE = "inference"

@@ -14,7 +14,8 @@ import re
 from datetime import datetime, timedelta
 
 from agentstream.services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
-from agentstream.streams.core.actions import Action, ActionError, action_schema, instructions, parse_action
+from agentstream.streams.core.actions import Action, action_schema, instructions, parse_action
+from agentstream.streams.core.errors import ActionError
 from agentstream.streams.core.events import (
     ApprovalDecided,
     Event,

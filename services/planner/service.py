@@ -42,7 +42,7 @@ from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, TERMINAL, RunState
 from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.core import task_rules
-from agentstream.streams.core.errors import Deferred
+from agentstream.streams.core.errors import TransitionRejected, VersionConflict
 from agentstream.streams.core.events import (
     ApprovalDecided,
     Event,
@@ -59,20 +59,18 @@ from agentstream.streams.core.events import (
 )
 from agentstream.streams.core.kinds import PendingKind
 from agentstream.streams.core.outages import wait_out
+from agentstream.streams.core.signals import Deferred, Fenced
 from agentstream.streams.runtime.dead_letters import refuse
 from agentstream.streams.runtime.runner import SOURCE_HEADER, Context, Runtime, ServiceConfig, ServiceRunner
 from agentstream.streams.store.history import (
     EventRow,
-    Fenced,
     Lease,
     RunRow,
     SourceUpdate,
     StepResult,
     StepRow,
     Transition,
-    TransitionRejected,
     TransitionStore,
-    VersionConflict,
 )
 from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry import trace_context as tracing

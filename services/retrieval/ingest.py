@@ -41,7 +41,7 @@ import asyncpg
 import numpy as np
 
 from agentstream.services.retrieval.embeddings import Embedder
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import IngestError
 
 CHUNK_CHARS = 700
 OVERLAP = 100
@@ -56,10 +56,6 @@ _SPACES = re.compile(r"\s+")
 
 #: ``progress(stage, done, total)``: stage "files" (read and chunked) or "chunks" (embedded and written).
 Progress = Callable[[str, int, int], None]
-
-
-class IngestError(AgentStreamError):
-    """A path to ingest does not exist (the CLI prints this as one line)."""
 
 
 @dataclass(frozen=True)

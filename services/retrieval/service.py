@@ -19,8 +19,9 @@ import time
 
 import asyncpg
 
-from agentstream.services.retrieval.embeddings import Embedder, EmbeddingModelUnavailable
+from agentstream.services.retrieval.embeddings import Embedder
 from agentstream.services.retrieval.search import DEFAULT_EF_SEARCH, Hit, hybrid_search
+from agentstream.streams.core.errors import EmbeddingModelUnavailable
 from agentstream.streams.core.events import Event, Passage, RetrievalCompleted, RetrievalRequested
 from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
 

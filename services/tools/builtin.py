@@ -23,9 +23,9 @@ from typing import Any
 from agentstream.services.tools import arithmetic
 from agentstream.services.tools.compute import ComputeError, ComputeGuard, ComputeTimeout
 from agentstream.services.tools.http import HttpGetConfig, http_get_tool
-from agentstream.services.tools.registry import Tool, ToolContext, ToolError, load_tools, tool
+from agentstream.services.tools.registry import Tool, ToolContext, load_tools, tool
 from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
-from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError, ToolError
 
 #: Seconds of computation a guarded expression may take, inside the tool's 2 s (which also covers the
 #: wait for a free child process, and a child's start).

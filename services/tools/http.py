@@ -45,7 +45,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from agentstream.services.tools.registry import Tool, ToolError, tool
+from agentstream.services.tools.registry import Tool, tool
+from agentstream.streams.core.errors import ToolError
 
 USER_AGENT = "agentstream-http-get/0.1"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

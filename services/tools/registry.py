@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import asyncpg
 
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import ToolArgumentError
 from agentstream.streams.core.tools import ToolInfo
 
 if TYPE_CHECKING:
@@ -45,18 +45,6 @@ Retrieve = Callable[[str, int, str, float], Awaitable["RetrievalCompleted"]]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class ToolArgumentError(AgentStreamError):
-    """The arguments do not match the tool's schema."""
-
-
-class ToolError(AgentStreamError):
-    """A tool failed; ``retriable`` when trying again may succeed."""
-
-    def __init__(self, message: str, *, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agentstream.services.tools.registry import Tool, ToolArgumentError, ToolContext, ToolError
+from agentstream.services.tools.registry import Tool, ToolContext
+from agentstream.streams.core.errors import DecodeError, ToolArgumentError, ToolError
 from agentstream.streams.core.events import (
     Event,
     RetrievalCompleted,
@@ -65,7 +66,6 @@ from agentstream.streams.core.events import (
     ToolCallRequested,
 )
 from agentstream.streams.core.outages import DATABASE, outage_of
-from agentstream.streams.kafka.codec import DecodeError
 from agentstream.streams.runtime.dead_letters import Rejected, publish_dead_letter, refuse
 from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
 from agentstream.streams.store import tool_calls

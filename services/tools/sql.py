@@ -66,7 +66,8 @@ from typing import Any
 
 import asyncpg
 
-from agentstream.services.tools.registry import Tool, ToolContext, ToolError, tool
+from agentstream.services.tools.registry import Tool, ToolContext, tool
+from agentstream.streams.core.errors import ToolError
 from agentstream.streams.store import db
 
 ROLE = "agentstream_readonly"

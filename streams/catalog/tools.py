@@ -51,11 +51,11 @@ from aiokafka.errors import KafkaError
 
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.config.settings import mask_url
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import DecodeError, ToolCatalogUnavailable
 from agentstream.streams.core.events import ToolRegistered
 from agentstream.streams.core.outages import KAFKA
 from agentstream.streams.core.tools import ToolInfo
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 
 if TYPE_CHECKING:
     from agentstream.streams.runtime.runner import Runtime
@@ -64,15 +64,6 @@ log = logging.getLogger(__name__)
 
 #: The ``run_id`` of every registration: the envelope needs one, and a registration belongs to no run.
 RUN_ID = "tools"
-
-
-class ToolCatalogUnavailable(AgentStreamError):
-    """The tool catalogue could not be read in time: the broker did not answer, or no worker has created
-    the topic yet. Retriable: it says nothing about the task, only about the broker."""
-
-    retriable = True
-    #: Kafka's outage (``outages.outage_of``): a worker starting, or a planner handling a task, waits it out.
-    dependency: str | None = None
 
 
 #: What a registration would do to the catalogue's current one for its tool (``judge``).

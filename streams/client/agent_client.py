@@ -35,8 +35,14 @@ from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.client.outcomes import OutcomeWatcher, RunResult
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core import task_rules
-from agentstream.streams.core.approvals import NOT_AWAITING_APPROVAL, Decision, NotAwaitingApproval
-from agentstream.streams.core.errors import AgentStreamError, Unavailable
+from agentstream.streams.core.approvals import NOT_AWAITING_APPROVAL, Decision
+from agentstream.streams.core.errors import (
+    DecodeError,
+    NotAnApprover,
+    NotAwaitingApproval,
+    TaskRejected,
+    Unavailable,
+)
 from agentstream.streams.core.events import (
     ApprovalDecided,
     RunCancelRequested,
@@ -46,7 +52,7 @@ from agentstream.streams.core.events import (
 )
 from agentstream.streams.core.kinds import TERMINAL_STATUSES, StepKind, StepStatus
 from agentstream.streams.core.outages import DATABASE, outage_of
-from agentstream.streams.kafka.codec import DecodeError, codec_for
+from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.runtime.runner import Runtime
 from agentstream.streams.store.history import RunColumns
 from agentstream.streams.telemetry import trace_context as tracing
@@ -56,14 +62,6 @@ log = logging.getLogger(__name__)
 MAX_TASK_BYTES = task_rules.MAX_TASK_BYTES
 MAX_STEPS_LIMIT = task_rules.MAX_STEPS_LIMIT
 MAX_METADATA = task_rules.MAX_METADATA
-
-
-class NotAnApprover(AgentStreamError):
-    """A decision on a tool call from a login that may not make one (``approvals = recorded``)."""
-
-
-class TaskRejected(AgentStreamError):
-    """The task was refused before anything was published; the message says why."""
 
 
 @dataclass(frozen=True)

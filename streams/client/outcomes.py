@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import RunCompleted, RunFailed
 from agentstream.streams.core.kinds import RunOutcome
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.consumer_stop import stop_consumer
 from agentstream.streams.telemetry import stages
 

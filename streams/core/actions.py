@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import ActionError
 from agentstream.streams.core.kinds import ActionKind
 from agentstream.streams.core.tools import ToolInfo
 
@@ -37,10 +37,6 @@ def action_schema(tools: list[ToolInfo]) -> dict[str, Any]:
                      "properties": {"action": {"const": "final_answer"},
                                     "answer": {"type": "string", "minLength": 1, "maxLength": MAX_ANSWER_CHARS}}})
     return {"anyOf": branches}
-
-
-class ActionError(AgentStreamError, ValueError):
-    """The reply is not a usable action; the message is shown to the model."""
 
 
 @dataclass(frozen=True)

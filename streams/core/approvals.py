@@ -10,14 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentstream.streams.core.errors import AgentStreamError
-
-
-class NotAwaitingApproval(AgentStreamError):
-    """A decision on a step the run does not wait at (not reached, over, or no such run), with no decision
-    recorded on it yet: ``agentstream_decide`` refuses it and records nothing (``approvals = recorded``)."""
-
-
 #: The SQLSTATE ``agentstream_decide`` raises for ``NotAwaitingApproval`` (migration 0015).
 NOT_AWAITING_APPROVAL = "ZA001"
 

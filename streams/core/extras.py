@@ -9,7 +9,7 @@ module belongs to which extra; pyproject.toml's ``[project.optional-dependencies
 
 from __future__ import annotations
 
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import MissingExtra
 
 #: Top-level third-party module -> the extra that installs it (the first extra that brings it).
 EXTRA_OF_MODULE: dict[str, str] = {
@@ -32,17 +32,6 @@ EXTRA_OF_MODULE: dict[str, str] = {
 }
 
 
-class MissingExtra(AgentStreamError, ImportError):
-    """A part of agentstream needs an optional dependency that is not installed."""
-
-    def __init__(self, extra: str, module: str, wanted: str | None = None) -> None:
-        self.extra = extra
-        self.module = module
-        what = f"{wanted} needs" if wanted else "this needs"
-        super().__init__(f"{what} the '{extra}' extra (module {module!r} is not installed): "
-                         f"pip install 'agentstream[{extra}]'")
-
-
 def missing_extra(exc: ModuleNotFoundError, wanted: str | None = None) -> MissingExtra | None:
     """The ``MissingExtra`` that explains ``exc``, or None when the missing module is not an optional
     dependency of agentstream (then ``exc`` is a real bug and should propagate unchanged)."""
@@ -54,4 +43,4 @@ def missing_extra(exc: ModuleNotFoundError, wanted: str | None = None) -> Missin
     return MissingExtra(extra, name, wanted) if extra else None
 
 
-__all__ = ["EXTRA_OF_MODULE", "MissingExtra", "missing_extra"]
+__all__ = ["EXTRA_OF_MODULE", "missing_extra"]

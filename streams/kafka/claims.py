@@ -23,19 +23,11 @@ from datetime import timedelta
 
 import asyncpg
 
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import ClaimMissing
 from agentstream.streams.core.events import ClaimCheck, Event
 
 #: Bodies older than this are deleted by ``prune`` (a day longer than the run topics' retention).
 KEEP = timedelta(days=8)
-
-
-class EventTooLarge(AgentStreamError):
-    """An event larger than a record may be, where no claim-check store is available (a client)."""
-
-
-class ClaimMissing(AgentStreamError):
-    """A claim check whose body is not in ``event_payloads`` (pruned, or another database)."""
 
 
 class ClaimStore:
@@ -71,4 +63,4 @@ class ClaimStore:
         return int(result.split()[-1])
 
 
-__all__ = ["KEEP", "ClaimMissing", "ClaimStore", "EventTooLarge"]
+__all__ = ["KEEP", "ClaimStore"]

@@ -20,30 +20,14 @@ import struct
 import fastavro
 
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import DecodeError, UnknownSchema
 from agentstream.streams.core.events import EVENT_TYPES, Event
-from agentstream.streams.core.kinds import DecodeErrorKind
-from agentstream.streams.kafka.registry import (
-    HttpRegistry,
-    LocalRegistry,
-    Parsed,
-    SchemaRegistry,
-    UnknownSchema,
-)
+from agentstream.streams.kafka.registry import HttpRegistry, LocalRegistry, Parsed, SchemaRegistry
 from agentstream.streams.kafka.schema_log import SchemaLog
 from agentstream.streams.kafka.topics import Topics
 
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
-
-
-class DecodeError(AgentStreamError):
-    def __init__(self, kind: DecodeErrorKind, reason: str, *, unknown_id: int | None = None) -> None:
-        super().__init__(f"{kind}: {reason}")
-        self.kind: DecodeErrorKind = kind
-        self.reason = reason
-        #: The schema id no registry knew (``unknown_schema`` for that reason only).
-        self.unknown_id = unknown_id
 
 
 class Codec:

@@ -28,7 +28,7 @@ from fastavro.types import Schema
 
 from agentstream.streams.config.settings import mask_url
 from agentstream.streams.core import resources
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import AgentStreamError, UnknownSchema
 from agentstream.streams.kafka.schema_guard import MAX_SCHEMA_BYTES, SchemaRefused, check_writer
 
 #: fastavro's parsed schema (for a record: a dict with fastavro's own annotations).
@@ -40,10 +40,6 @@ RawSchema = dict[str, Any]
 #: Schemas a process learns from the schemas topic at most. A rolling upgrade brings a version or two of a
 #: few events; a flood of distinct compatible versions would otherwise grow a reader's memory without end.
 MAX_LEARNT = 1000
-
-
-class UnknownSchema(AgentStreamError):
-    """No schema is known for an id, or for a record name."""
 
 
 class SchemaRegistry(Protocol):

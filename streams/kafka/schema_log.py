@@ -31,14 +31,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.kafka.registry import (
-    MAX_LEARNT,
-    LocalRegistry,
-    RawSchema,
-    UnknownSchema,
-    full_name,
-    schema_id,
-)
+from agentstream.streams.core.errors import UnknownSchema
+from agentstream.streams.kafka.registry import MAX_LEARNT, LocalRegistry, RawSchema, full_name, schema_id
 from agentstream.streams.kafka.schema_guard import MAX_SCHEMA_BYTES
 
 log = logging.getLogger(__name__)

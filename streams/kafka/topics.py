@@ -26,7 +26,7 @@ from aiokafka.partitioner import murmur2
 
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.config.settings import mask_url
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import AgentStreamError, TopicMismatch, TopicsMissing
 from agentstream.streams.kafka.schema_guard import MAX_SCHEMA_BYTES
 
 if TYPE_CHECKING:
@@ -56,14 +56,6 @@ def key_partitioner(key: bytes | None, all_partitions: Sequence[int], available:
     if key is None:
         return random.choice(available or all_partitions)
     return all_partitions[key_hash(key) % len(all_partitions)]
-
-
-class TopicMismatch(AgentStreamError):
-    """An existing topic has a partition count that cannot be brought in line with its specification."""
-
-
-class TopicsMissing(AgentStreamError):
-    """Topics a client needs do not exist yet: no worker has created them."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from agentstream.streams.core.actions import ActionError, parse_action
+from agentstream.streams.core.actions import parse_action
+from agentstream.streams.core.errors import ActionError
 
 Decision = tuple[str, ...]
 #: How a step compares: ``changed`` (the decision), ``result`` (same decision, different result), or there

@@ -39,10 +39,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from asyncpg.pool import PoolConnectionProxy
 
 from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import DecodeError, UnknownSchema
 from agentstream.streams.core.kinds import TERMINAL_STATUSES, StepKind, StepStatus
 from agentstream.streams.core.task_rules import MAX_EVENT_ID_CHARS
-from agentstream.streams.kafka.codec import Codec, DecodeError, codec_for
-from agentstream.streams.kafka.registry import UnknownSchema
+from agentstream.streams.kafka.codec import Codec, codec_for
 from agentstream.streams.store.history import RunColumns, event_uuid
 
 SERVICE_OF = {"model": "inference", "tool": "tools", "retrieval": "retrieval", "prefetch": "retrieval"}

@@ -40,10 +40,10 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.core.errors import DeadLetterError, DecodeError
 from agentstream.streams.core.events import DeadLetter, Event, default_instance, utcnow
 from agentstream.streams.core.outages import KAFKA, backoff, outage_of
-from agentstream.streams.kafka.codec import Codec, DecodeError, codec_for
+from agentstream.streams.kafka.codec import Codec, codec_for
 from agentstream.streams.kafka.topics import Topics
 
 if TYPE_CHECKING:
@@ -76,10 +76,6 @@ RedriveAction: TypeAlias = Literal["redriven", "would_redrive", "skipped", "refu
 #: Where a re-driven record came from: the letter itself, or (truncated letters) the source topic
 #: (``dlq_redrives.value_from``, migration 0009).
 ValueFrom: TypeAlias = Literal["letter", "source"]
-
-
-class DeadLetterError(AgentStreamError):
-    """A dead letter, or the record it stands for, cannot be found or used; the message says why."""
 
 
 # -- building and sending ---------------------------------------------------------------------------
@@ -683,6 +679,6 @@ def readable(data: bytes | None) -> str | None:
     return "base64:" + base64.b64encode(data).decode()
 
 
-__all__ = ["REDRIVE_HEADER", "DeadLetterError", "DeadLetters", "LetterDetails", "RedriveAction", "RedriveResult",
+__all__ = ["REDRIVE_HEADER", "DeadLetters", "LetterDetails", "RedriveAction", "RedriveResult",
            "Rejected", "StoredLetter", "ValueFrom", "dead_letter", "is_outage", "publish_dead_letter", "readable",
            "size_budgets"]

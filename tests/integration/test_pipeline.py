@@ -12,7 +12,7 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.client.agent_client import TaskRejected
+from agentstream.streams.core.errors import TaskRejected
 from agentstream.streams.core.events import DeadLetter, RunStateSnapshot, TaskSubmitted
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events

@@ -16,10 +16,11 @@ from rich.console import Console
 
 from agentstream.services.retrieval import search
 from agentstream.services.retrieval.embeddings import DIM, Embedder, shared_encoder
-from agentstream.services.retrieval.ingest import IngestError, chunk_file, ingest, run_ingest_cli
+from agentstream.services.retrieval.ingest import chunk_file, ingest, run_ingest_cli
 from agentstream.services.retrieval.search import any_word_tsquery, hybrid_search, rrf, vector_leg
 from agentstream.services.retrieval.service import RetrievalService
 from agentstream.services.worker import WorkerOptions
+from agentstream.streams.core.errors import IngestError
 from agentstream.streams.core.events import RetrievalCompleted, RetrievalRequested
 from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.store import db

@@ -34,8 +34,9 @@ from agentstream.ops.acls import PRINCIPALS, Operation, Resource, acl_bindings
 from agentstream.replay.rerun import rerun
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.catalog.tools import ToolCatalog
-from agentstream.streams.client.agent_client import AgentClient, NotAnApprover
+from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
+from agentstream.streams.core.errors import NotAnApprover
 from agentstream.streams.core.events import ApprovalDecided, ToolCallRequested, new_run_id
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.kafka.topics import Topics

@@ -16,14 +16,9 @@ from aiokafka import TopicPartition
 from agentstream.devstack.process import free_port
 from agentstream.services.tools.builtin import tools_for
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.catalog.tools import (
-    ToolCatalog,
-    ToolCatalogUnavailable,
-    ToolInfo,
-    register,
-    registration,
-)
-from agentstream.streams.client.agent_client import AgentClient, TaskRejected
+from agentstream.streams.catalog.tools import ToolCatalog, ToolInfo, register, registration
+from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.core.errors import TaskRejected, ToolCatalogUnavailable
 from agentstream.streams.core.events import Event, InferenceRequested, TaskSubmitted
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
 

@@ -26,10 +26,10 @@ import pytest
 import pytest_asyncio
 from aiokafka import TopicPartition
 
-from agentstream.services.tools.registry import ToolError
 from agentstream.services.tools.sql import SqlQueryConfig, run_query
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.core.errors import ToolError
 from agentstream.streams.core.events import DeadLetter, ToolCallRequested
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.store import db

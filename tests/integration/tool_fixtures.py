@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 
 from agentstream.services.tools.builtin import RetrieveConfig, retrieve_tool
-from agentstream.services.tools.registry import ToolContext, ToolError, tool
+from agentstream.services.tools.registry import ToolContext, tool
 from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
+from agentstream.streams.core.errors import ToolError
 
 RUNS_TABLE = "test_tool_runs"
 

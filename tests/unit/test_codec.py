@@ -13,6 +13,7 @@ import fastavro
 import pytest
 
 from agentstream.streams.core import resources
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import (
     EVENT_TYPES,
     DeadLetter,
@@ -23,7 +24,7 @@ from agentstream.streams.core.events import (
     TaskSubmitted,
     step_id,
 )
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 
 SCHEMAS = resources.schemas_dir()

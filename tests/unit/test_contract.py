@@ -21,8 +21,9 @@ from aiokafka import TopicPartition
 
 from agentstream.ops.asyncapi import CHANNELS, DOCUMENT_PATH, HEADERS, build_document, render
 from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import EVENT_TYPES, Event, TaskSubmitted
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.runtime.runner import (

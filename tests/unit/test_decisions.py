@@ -13,9 +13,10 @@ import pytest
 
 from agentstream.approvals_cli import EXIT_EARLIER_STANDS, OPERATOR_READER, decision_json, describe
 from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets
-from agentstream.streams.client.agent_client import AgentClient, NotAnApprover
+from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings, StackPaths, use_database_login, write_state
-from agentstream.streams.core.approvals import Decision, NotAwaitingApproval
+from agentstream.streams.core.approvals import Decision
+from agentstream.streams.core.errors import NotAnApprover, NotAwaitingApproval
 
 AT = datetime(2026, 12, 6, 9, 30, tzinfo=UTC)
 

@@ -9,14 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from agentstream.services.retrieval.embeddings import (
-    DIM,
-    Embedder,
-    EmbeddingModelUnavailable,
-    OnnxEncoder,
-    cosine,
-    shared_encoder,
-)
+from agentstream.services.retrieval.embeddings import DIM, Embedder, OnnxEncoder, cosine, shared_encoder
+from agentstream.streams.core.errors import EmbeddingModelUnavailable
 
 # Cosine similarities that sentence-transformers' all-MiniLM-L6-v2 (fp32) gives for these pairs; the first
 # three are the SBERT quickstart's published matrix, all six were reproduced here from the original weights.

@@ -6,7 +6,7 @@ import asyncpg
 import orjson
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from agentstream.services.inference.backends.base import BackendError
+from agentstream.streams.core.errors import BackendError
 from agentstream.streams.core.outages import DATABASE, KAFKA, MODEL, backoff, outage_of
 from agentstream.streams.core.task_rules import event_id_problem, run_id_problem
 from agentstream.streams.kafka.assignor import balance

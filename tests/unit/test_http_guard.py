@@ -16,7 +16,7 @@ from agentstream.services.tools.http import (
     check_url,
     fetch,
 )
-from agentstream.services.tools.registry import ToolError
+from agentstream.streams.core.errors import ToolError
 
 
 @pytest.mark.parametrize(("address", "reason"), [

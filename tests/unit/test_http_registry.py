@@ -13,8 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fastavro
 import pytest
 
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import TaskSubmitted
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import HttpRegistry, LocalRegistry
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from agentstream.services.inference.backends.base import BackendError, Delta, Final, GenerationRequest
+from agentstream.services.inference.backends.base import Delta, Final, GenerationRequest
 from agentstream.services.inference.service import InferenceService
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import Abandoned
+from agentstream.streams.core.errors import BackendError
 from agentstream.streams.core.events import Event, InferenceCompleted, InferenceRequested, Message
 from agentstream.streams.core.outages import outage_of
+from agentstream.streams.core.signals import Abandoned
 from agentstream.streams.kafka.topics import Topics
 
 

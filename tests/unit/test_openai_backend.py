@@ -13,14 +13,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from agentstream.devstack.process import free_port
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.openai_compat import OpenAIBackend
+from agentstream.streams.core.errors import BackendError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

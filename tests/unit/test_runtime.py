@@ -24,7 +24,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.errors import Abandoned, Unavailable
+from agentstream.streams.core.errors import Unavailable
 from agentstream.streams.core.events import (
     ClaimCheck,
     DeadLetter,
@@ -33,6 +33,7 @@ from agentstream.streams.core.events import (
     TaskSubmitted,
     ToolCallCompleted,
 )
+from agentstream.streams.core.signals import Abandoned
 from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry
 from agentstream.streams.kafka.topics import Topics

@@ -17,9 +17,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
+from agentstream.streams.core.errors import DecodeError, UnknownSchema
 from agentstream.streams.core.events import TaskSubmitted
-from agentstream.streams.kafka.codec import Codec, DecodeError
-from agentstream.streams.kafka.registry import LocalRegistry, UnknownSchema, full_name, schema_id
+from agentstream.streams.kafka.codec import Codec
+from agentstream.streams.kafka.registry import LocalRegistry, full_name, schema_id
 from agentstream.streams.kafka.schema_guard import MAX_DEPTH, SchemaRefused, check_writer
 from agentstream.streams.kafka.schema_log import SchemaLog, encode_schema
 from tests.schema_upgrade import newer_schemas

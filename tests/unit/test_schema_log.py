@@ -12,8 +12,9 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from agentstream.streams.config.settings import Settings
+from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import TaskSubmitted, ToolCallRequested
-from agentstream.streams.kafka.codec import Codec, DecodeError, codec_for
+from agentstream.streams.kafka.codec import Codec, codec_for
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 from agentstream.streams.kafka.schema_log import SchemaLog, encode_schema
 from tests.schema_upgrade import newer_schemas

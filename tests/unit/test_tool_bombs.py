@@ -30,7 +30,8 @@ from agentstream.services.tools import arithmetic, builtin
 from agentstream.services.tools.builtin import calculator, evaluate
 from agentstream.services.tools.compute import ComputeError, ComputeGuard, ComputeTimeout
 from agentstream.services.tools.http import HttpGetConfig, fetch, safe_charset
-from agentstream.services.tools.registry import ToolContext, ToolError
+from agentstream.services.tools.registry import ToolContext
+from agentstream.streams.core.errors import ToolError
 
 BOMB = "round(1, -3*10**7)"
 

@@ -15,19 +15,12 @@ import pytest
 from agentstream.devstack.process import free_port
 from agentstream.services.tools.builtin import BuiltinConfig, builtin_tools
 from agentstream.services.tools.registry import tool
-from agentstream.streams.catalog.tools import (
-    ToolCatalog,
-    ToolCatalogUnavailable,
-    ToolInfo,
-    current,
-    judge,
-    record_key,
-    registration,
-)
+from agentstream.streams.catalog.tools import ToolCatalog, ToolInfo, current, judge, record_key, registration
 from agentstream.streams.core import resources
+from agentstream.streams.core.errors import DecodeError, ToolCatalogUnavailable
 from agentstream.streams.core.events import ToolRegistered
 from agentstream.streams.core.outages import KAFKA, outage_of
-from agentstream.streams.kafka.codec import Codec, DecodeError
+from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 from agentstream.streams.kafka.topics import Topics
 

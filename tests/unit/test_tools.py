@@ -8,9 +8,9 @@ from aiohttp import web
 
 from agentstream.services.tools.builtin import BuiltinConfig, builtin_tools, calculator, evaluate, tools_for
 from agentstream.services.tools.http import HttpGetConfig, _refused_address, fetch, http_get_tool
-from agentstream.services.tools.registry import ToolArgumentError, ToolContext, ToolError, load_tools, tool
+from agentstream.services.tools.registry import ToolContext, load_tools, tool
 from agentstream.services.tools.sql import SqlQueryConfig, _result
-from agentstream.streams.core.errors import ConfigError
+from agentstream.streams.core.errors import ConfigError, ToolArgumentError, ToolError
 
 
 @pytest.mark.parametrize("expression,value", [

@@ -14,16 +14,11 @@ from typing import Any
 
 import pytest
 
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.trtllm import TrtLlmBackend, chat_messages, held_back
 from agentstream.services.inference.backends.trtllm_errors import engine_error
 from agentstream.services.inference.backends.trtllm_options import version_tuple
+from agentstream.streams.core.errors import BackendError
 from tests.unit.trtllm_standin import HANG, MODEL_CONTEXT, TOKENS_PER_BLOCK, VERSIONS, Fake, RequestError
 
 

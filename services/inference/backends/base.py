@@ -12,23 +12,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from agentstream.streams.core.errors import AgentStreamError
-
-
-class BackendError(AgentStreamError):
-    """The engine failed a request. ``retriable`` when trying again may succeed (overload, 5xx, I/O):
-    then the model server is having an outage (``dependency``), which the runtime waits out
-    (streams/core/outages.py) instead of dead-lettering the request. ``fatal`` when the engine itself is gone
-    (an in-process engine that shut down after an internal error): no request can succeed in this
-    process any more, so the service stops and the worker exits for its supervisor to restart it,
-    leaving the request to the partition's next owner (services/inference/service.py)."""
-
-    def __init__(self, message: str, *, retriable: bool = False, fatal: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable and not fatal
-        self.fatal = fatal
-        self.dependency = "model" if self.retriable else None
-
 
 @dataclass(frozen=True, kw_only=True)
 class ChatMessage:

@@ -35,14 +35,9 @@ from typing import Any
 
 import xllamacpp
 
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.chat_stream import ChatStream
+from agentstream.streams.core.errors import BackendError
 
 _DONE = object()
 #: llama.cpp error types/codes that mean "busy or not ready": worth retrying later.

@@ -26,15 +26,10 @@ from typing import Any
 
 import aiohttp
 
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.chat_stream import ChatStream
 from agentstream.streams.config.settings import mask_url
+from agentstream.streams.core.errors import BackendError
 
 log = logging.getLogger(__name__)
 _FINISH = {"abort": "cancelled", "cancelled": "cancelled"}  # vLLM's engine calls an aborted request "abort"

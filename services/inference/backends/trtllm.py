@@ -43,13 +43,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from agentstream.services.inference.backends.base import (
-    BackendError,
-    ChatMessage,
-    Delta,
-    Final,
-    GenerationRequest,
-)
+from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.trtllm_errors import engine_error
 from agentstream.services.inference.backends.trtllm_options import (
     ContextLimits,
@@ -59,6 +53,7 @@ from agentstream.services.inference.backends.trtllm_options import (
     speculative_config,
     version_tuple,
 )
+from agentstream.streams.core.errors import BackendError
 
 log = logging.getLogger(__name__)
 _INSTALL_HINT = "pip install agentstream[gpu] on an NVIDIA machine, see docs/gpu.md"

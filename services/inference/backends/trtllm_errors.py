@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from agentstream.services.inference.backends.base import BackendError
+from agentstream.streams.core.errors import BackendError
 
 #: Messages that mean the engine itself is gone (exact phrases, not words that permanent errors share).
 FATAL_MESSAGES = re.compile(r"LLM is shutting down|CUDA error: ")

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentstream.services.inference.backends.base import BackendError
+from agentstream.streams.core.errors import BackendError
 
 #: ``speculative["kind"]`` -> config classes to try, in order, in ``tensorrt_llm.llmapi`` (then
 #: ``tensorrt_llm.llmapi.llm_args``, where newer classes such as ``Eagle3DecodingConfig`` live first).

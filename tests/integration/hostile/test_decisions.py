@@ -21,7 +21,7 @@ import sys
 import pytest
 
 from agentstream.ops.acls import tenant_principal
-from agentstream.streams.core.approvals import NotAwaitingApproval
+from agentstream.streams.core.errors import NotAwaitingApproval
 from agentstream.streams.core.events import step_id
 from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import wait_awaiting_approval

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agentstream.ops.acls import tenant_prefix, tenant_principal
-from agentstream.streams.client.agent_client import NotAnApprover
+from agentstream.streams.core.errors import NotAnApprover
 from agentstream.streams.core.events import RunCancelRequested
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.kafka.topics import Topics
