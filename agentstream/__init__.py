@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 try:
+    #: The installed distribution's version (PEP 440); ``0+unknown`` in a source tree never installed.
     __version__ = version("agentstream")
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"

@@ -20,7 +20,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.config.settings import Settings, mask_url
+from agentstream.streams.config.masking import mask_url
+from agentstream.streams.config.settings import Settings
 from agentstream.streams.core import resources
 from agentstream.streams.core.errors import StackError
 from agentstream.testing import Pipeline

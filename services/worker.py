@@ -34,7 +34,8 @@ from agentstream.streams.core.outages import DATABASE, wait_out
 from agentstream.streams.kafka.claims import ClaimStore
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.kafka.topics import Topics, ensure_topics, wait_for_group_coordinator
-from agentstream.streams.runtime.runner import Runtime, ServiceRunner, run_services
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.runner import ServiceRunner, run_services
 from agentstream.streams.store import db, migrations
 from agentstream.streams.telemetry import discovery
 from agentstream.streams.telemetry.backlog import BacklogSampler
@@ -125,14 +126,19 @@ class DatabaseProbe:
         await self.pools[0].fetchval("SELECT 1")
 
 
+def check_services(names: Sequence[str]) -> None:
+    """Raise ``ConfigError`` naming those of ``names`` that are not services (before any setting is read)."""
+    unknown = set(names) - set(SERVICES)
+    if unknown:
+        raise ConfigError(f"unknown service(s) {', '.join(sorted(unknown))}; choose from {', '.join(SERVICES)}")
+
+
 class Worker:
     """The services of one process, sharing one producer, one database pool and one codec."""
 
     def __init__(self, names: Sequence[str], settings: Settings | None = None,
                  options: WorkerOptions | None = None) -> None:
-        unknown = set(names) - set(SERVICES)
-        if unknown:
-            raise ConfigError(f"unknown service(s) {', '.join(sorted(unknown))}; choose from {', '.join(SERVICES)}")
+        check_services(names)
         self.names = list(names)
         self.settings = settings or Settings.load()
         self.options = options or WorkerOptions()
@@ -240,7 +246,7 @@ class Worker:
             from agentstream.streams.store.history import TransitionStore
 
             self.writer = await wait_out(lambda: db.create_pool(s.database_url, min_size=2, max_size=2), "connecting")
-            self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer),
+            self.planner = Planner(self.runtime, TransitionStore(self.pool, self.writer, stages=self.runtime.stages),
                                    ToolCatalog.for_runtime(self.runtime), step_timeout_s=s.step_timeout_s,
                                    max_run_s=s.max_run_s)
             self.runners.append(self.planner.service(**overrides))

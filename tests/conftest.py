@@ -26,7 +26,8 @@ import pytest
 
 from agentstream.devstack.kafka import wait_for_metadata
 from agentstream.devstack.process import free_port
-from agentstream.streams.config.settings import StackPaths
+from agentstream.streams.config.kafka_auth import KafkaAuth
+from agentstream.streams.config.stack_state import StackPaths
 from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
 from agentstream.streams.store import migrations
 
@@ -95,7 +96,7 @@ def infra() -> Iterator[Infra]:
         pg = PostgresContainer(POSTGRES_IMAGE, username="postgres", password="postgres", dbname="postgres")
         with kafka, pg:
             bootstrap = f"127.0.0.1:{port}"
-            asyncio.run(wait_for_metadata(bootstrap, within=90))
+            asyncio.run(wait_for_metadata(bootstrap, within=90, auth=KafkaAuth()))
             yield Infra(env_kafka or bootstrap, env_db or pg.get_connection_url(driver=None), "testcontainers")
         return
     from agentstream.devstack.stack import DevStack
@@ -159,7 +160,7 @@ async def topic_factory(kafka_bootstrap: str, unique: str) -> AsyncIterator[Topi
 
     async def create(name: str, *, partitions: int = 1, configs: dict[str, str] | None = None) -> str:
         full = f"test.{unique}.{name}"
-        await ensure_topics(kafka_bootstrap, [TopicSpec(full, partitions, 1, configs or {})])
+        await ensure_topics(kafka_bootstrap, [TopicSpec(full, partitions, 1, configs or {})], auth=KafkaAuth())
         created.append(full)
         return full
 

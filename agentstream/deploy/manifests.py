@@ -18,10 +18,10 @@ import base64
 from typing import Any
 
 from agentstream.deploy.values import Values
-from agentstream.streams.config.settings import DEFAULT_DATABASE
+from agentstream.streams.config.stack_state import DEFAULT_DATABASE
 from agentstream.streams.core.errors import ConfigError
 from agentstream.streams.kafka.topics import Topics
-from agentstream.streams.runtime.runner import ServiceConfig
+from agentstream.streams.runtime.records import ServiceConfig
 
 Obj = dict[str, Any]
 

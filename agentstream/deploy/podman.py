@@ -1,4 +1,4 @@
-"""Rendered manifests as pods on one host, with ``podman kube play`` (tests and ``bench/kube_play.py``).
+"""Rendered manifests as pods on one host, with ``podman kube play`` (tests and ``bench/perf/kube_play.py``).
 
 podman 4.3 (Debian 12) plays Pods, Deployments (every replica a pod) and ConfigMaps from the file. A
 Secret that ``envFrom.secretRef`` names must be a podman secret holding the Secret's ``data`` as JSON

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 from agentstream.streams.core import resources
 from agentstream.streams.core.errors import ConfigError
 

@@ -34,7 +34,7 @@ from typing import Any
 from agentstream.devstack import files, process
 from agentstream.devstack.secure import StackSecrets
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 from agentstream.streams.core.errors import StackError
 
 JVM_OPTS = [
@@ -85,7 +85,7 @@ class KafkaLauncher:
     controller_port: int
     overrides: Mapping[str, str] = field(default_factory=dict, hash=False)
     node_id: int = 1
-    #: The address it listens on and advertises (a test host's, bench/regions.py; default loopback).
+    #: The address it listens on and advertises (a test host's, bench/netsim/regions.py; default loopback).
     host: str = "127.0.0.1"
     #: ``controller.quorum.voters`` (default: this node alone).
     voters: str = ""
@@ -357,7 +357,7 @@ def _overrides_block(overrides: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def brokers_registered(bootstrap: str, *, request_timeout_ms: int = 2000, auth: KafkaAuth | None = None) -> int:
+async def brokers_registered(bootstrap: str, *, request_timeout_ms: int = 2000, auth: KafkaAuth) -> int:
     """How many brokers the cluster's metadata lists (0 when it does not answer)."""
     from aiokafka.client import AIOKafkaClient
 
@@ -371,20 +371,20 @@ async def brokers_registered(bootstrap: str, *, request_timeout_ms: int = 2000, 
         await client.close()
 
 
-async def metadata_ok(bootstrap: str, *, request_timeout_ms: int = 2000, auth: KafkaAuth | None = None) -> bool:
+async def metadata_ok(bootstrap: str, *, request_timeout_ms: int = 2000, auth: KafkaAuth) -> bool:
     """True when the cluster answers a metadata request and lists at least one broker."""
     return await brokers_registered(bootstrap, request_timeout_ms=request_timeout_ms, auth=auth) > 0
 
 
 async def wait_for_metadata(bootstrap: str, *, within: float, proc: subprocess.Popen | None = None,
-                            log_file: Path | None = None, auth: KafkaAuth | None = None) -> None:
+                            log_file: Path | None = None, auth: KafkaAuth) -> None:
     """Poll until the broker answers; fail early with its log when the process died."""
     await wait_for_brokers(bootstrap, 1, within=within, procs=[(proc, log_file)] if proc is not None else [],
                            auth=auth)
 
 
 async def wait_for_brokers(bootstrap: str, count: int, *, within: float,
-                           procs: list[tuple[subprocess.Popen, Path | None]], auth: KafkaAuth | None = None) -> None:
+                           procs: list[tuple[subprocess.Popen, Path | None]], auth: KafkaAuth) -> None:
     """Until the metadata lists ``count`` brokers; fail early with a node's log when it died."""
     quiet = logging.getLogger("aiokafka")  # "Unable connect" on every poll before the port opens
     level, quiet.level = quiet.level, logging.CRITICAL
@@ -402,7 +402,7 @@ def _size(path: Path | None) -> int:
 
 
 async def _poll_metadata(bootstrap: str, count: int, *, within: float,
-                         procs: list[tuple[subprocess.Popen, Path | None]], auth: KafkaAuth | None) -> None:
+                         procs: list[tuple[subprocess.Popen, Path | None]], auth: KafkaAuth) -> None:
     # A broker with thousands of partitions on disk spends minutes loading them before it listens; while
     # its log keeps growing it is making progress, so the deadline moves (up to a hard cap).
     start = time.monotonic()

@@ -82,7 +82,7 @@ def hba_rules(host: str, *, secure: bool) -> str:
              f"host   all  all  127.0.0.1/32  {tcp}"]
     if host != "127.0.0.1":
         network = ".".join(host.split(".")[:3]) + ".0/24"
-        lines += ["# A test network made from network namespaces (PostgresLauncher.host, bench/regions.py).",
+        lines += ["# A test network made from network namespaces (PostgresLauncher.host, bench/netsim/regions.py).",
                   f"host   all  all  {network}  trust"]
     return "\n".join(lines) + "\n"
 
@@ -135,7 +135,7 @@ class PostgresLauncher:
     database: str
     run_as: process.RunAs | None
     #: The address it listens on. Anything but loopback (a test host made from a network namespace,
-    #: bench/regions.py) also gets a trust rule for that address's /24 in pg_hba.conf: a development
+    #: bench/netsim/regions.py) also gets a trust rule for that address's /24 in pg_hba.conf: a development
     #: server on a private test network, never a public one.
     host: str = "127.0.0.1"
     #: ``dev up --secure``: the superuser's password, and every TCP connection authenticates

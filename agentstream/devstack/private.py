@@ -41,11 +41,11 @@ from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets, create_database_logins
 from agentstream.ops.acls import ADMIN, acl_bindings, apply_acls
 from agentstream.streams.config.kafka_auth import KafkaAuth
-from agentstream.streams.config.settings import (
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
     DEFAULT_POSTGRES_PORT,
-    Settings,
     StackPaths,
     read_state,
     write_state,

@@ -31,16 +31,15 @@ from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok,
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import StackSecrets, create_database_logins
 from agentstream.ops.acls import acl_bindings, apply_acls, tenant_prefix, tenant_principal
+from agentstream.streams.config.env import dev_ports
 from agentstream.streams.config.kafka_auth import KafkaAuth
-from agentstream.streams.config.settings import (
+from agentstream.streams.config.masking import mask_url, masked_repr
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
     DEFAULT_POSTGRES_PORT,
-    Settings,
     StackPaths,
-    dev_ports,
-    mask_url,
-    masked_repr,
     read_state,
     write_state,
 )

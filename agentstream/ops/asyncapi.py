@@ -19,7 +19,8 @@ import json
 from importlib import metadata
 from typing import Any
 
-from agentstream.streams.config.settings import DEFAULT_KAFKA_PORT
+from agentstream.ops.dlq_letters import REDRIVE_HEADER
+from agentstream.streams.config.stack_state import DEFAULT_KAFKA_PORT
 from agentstream.streams.core.events import (
     ClaimCheck,
     Event,
@@ -28,8 +29,7 @@ from agentstream.streams.core.events import (
 from agentstream.streams.kafka.channels import CHANNELS, GROUPED, PARTIES, ChannelSpec
 from agentstream.streams.kafka.registry import LocalRegistry, full_name, schema_id
 from agentstream.streams.kafka.topics import Topics
-from agentstream.streams.runtime.dead_letters import REDRIVE_HEADER
-from agentstream.streams.runtime.runner import ROUTED_HEADER, SOURCE_HEADER, TYPE_HEADER
+from agentstream.streams.runtime.headers import ROUTED_HEADER, SOURCE_HEADER, TYPE_HEADER
 from agentstream.streams.telemetry import trace_context as tracing
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER
 

@@ -7,7 +7,7 @@ registrations in PostgreSQL (``workers`` table: every worker serving metrics und
 
 ``--once`` prints one snapshot (two scrapes, one interval apart) and exits; tests use it.
 
-``agentstream top`` (agentstream/cli.py) calls ``run_top``.
+``agentstream top`` (agentstream/cli/ops.py) calls ``run_top``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import json
 from html import escape
 from typing import Any
 
-from agentstream.streams.replay.timeline import LANES, Step, Timeline
+from agentstream.streams.replay.records import LANES, Step, Timeline
 
 LANE_COLOURS = {"planner": "#7c3aed", "inference": "#2563eb", "tools": "#ea580c", "retrieval": "#16a34a"}
 BUDGET_COLOURS = {"transport_and_queues": "#64748b", "compute": "#0f766e", "planner": "#a21caf", "other": "#cbd5e1"}

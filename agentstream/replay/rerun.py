@@ -42,6 +42,7 @@ from agentstream.streams.core.events import TaskSubmitted, new_run_id
 from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.streams.replay import timeline
 from agentstream.streams.replay.diff import RunDiff, WindowReport, diff_runs, window_report
+from agentstream.streams.replay.records import Timeline, ms
 from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class ReplaySession:
         return await self.finish(run_id, orig, recording, from_step=from_step, timeout=timeout)
 
     async def submit(self, original: str, *, overrides: Overrides | None = None,
-                     from_step: int | None = None) -> tuple[str, Recording, timeline.Timeline]:
+                     from_step: int | None = None) -> tuple[str, Recording, Timeline]:
         assert self.worker is not None and self.worker.pool is not None and self.client is not None
         if (from_step is not None) != (self.mode == "fork"):
             raise ReplayError("from_step is for fork sessions, and fork sessions need it")
@@ -236,7 +237,7 @@ class ReplaySession:
             await copy_catalogue(Topics(prefix).tools, self.worker.runtime)
             self._catalogues.add(prefix)
 
-    async def finish(self, run_id: str, orig: timeline.Timeline, recording: Recording, *,
+    async def finish(self, run_id: str, orig: Timeline, recording: Recording, *,
                      from_step: int | None = None, timeout: float = 300.0) -> Rerun:
         assert self.client is not None and self.worker is not None and self.worker.pool is not None
         approver = asyncio.create_task(self._approve(run_id, recording))
@@ -251,11 +252,11 @@ class ReplaySession:
         async with self.worker.pool.acquire() as conn:
             new = await timeline.load(conn, run_id)
         assert new is not None
-        original_ms = timeline.ms(orig.start, orig.end) or 0.0
+        original_ms = ms(orig.start, orig.end) or 0.0
         return Rerun(original=orig.summary(), rerun=new.summary(), result=result, mode=self.mode,
                      from_step=from_step, original_ms=original_ms, diff=diff_runs(orig.summary(), new.summary()))
 
-    def _task_event(self, run_id: str, orig: timeline.Timeline, o: Overrides) -> TaskSubmitted:
+    def _task_event(self, run_id: str, orig: Timeline, o: Overrides) -> TaskSubmitted:
         """The original TaskSubmitted (from its recorded payload), with the overrides and ``replay_of``.
         A deadline keeps its distance from submission."""
         task = orig.task

@@ -32,8 +32,9 @@ import faust
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.alerts import rules
+from agentstream.streams.config.alerts import AlertSettings
 from agentstream.streams.config.kafka_defaults import disable_auto_topic_creation
-from agentstream.streams.config.settings import AlertSettings, Settings
+from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
 from agentstream.streams.kafka.codec import codec_for

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from agentstream.streams.config.settings import AlertSettings
+from agentstream.streams.config.alerts import AlertSettings
 from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
 
 SERVICE = "alerts"

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP server that answers with ``scripted_reply``: the scripted model over the wire.
 
-Why it exists: the chaos suite (``bench/chaos.py``) runs its inference workers with the ``openai`` backend
+Why it exists: the chaos suite (``bench/chaos/chaos.py``) runs its inference workers with the ``openai`` backend
 against a model server that is a process of its own, so the suite can kill it and start it again (an
 outage the workers must wait out), while every reply stays deterministic and costs next to no CPU (the
 CPU model is far too slow for hundreds of runs on two cores). It speaks exactly what

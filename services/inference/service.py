@@ -25,7 +25,9 @@ from agentstream.streams.client.outcomes import RunResult
 from agentstream.streams.core.errors import BackendError
 from agentstream.streams.core.events import Event, InferenceCompleted, InferenceRequested, TokenChunk
 from agentstream.streams.core.signals import Abandoned
-from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.records import Context, ServiceConfig
+from agentstream.streams.runtime.runner import ServiceRunner
 
 SERVICE = "inference"
 

@@ -9,7 +9,7 @@ finished (1,000 by default) are kept; an older one is read from PostgreSQL in th
 Keeping finished runs up to ``size`` as well, as the planner once did, cost more than memory: CPython's
 full garbage collection stops the event loop for a time proportional to the objects in the process,
 and 100,000 cached states are about 850,000 of them — a 0.6 s pause on this machine, every 25,000 or so
-runs once the cache was full (bench/planner_gc.py, docs/benchmarks.md).
+runs once the cache was full (bench/perf/planner_gc.py, docs/benchmarks.md).
 
 The deadline timer looks at active runs four times a second; they are kept apart from finished ones,
 so that costs CPU in proportion to the runs in flight, not to the cache.

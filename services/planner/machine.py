@@ -11,9 +11,20 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import datetime, timedelta
 
-from agentstream.services.planner.state import AWAITING_APPROVAL, COMPLETED, FAILED, RUNNING, RunState
+from agentstream.services.planner.state import (
+    AWAITING_APPROVAL,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    PendingRequest,
+    PrefetchServed,
+    RetrievalRequest,
+    RunState,
+    ToolRequest,
+)
 from agentstream.streams.core.actions import Action, action_schema, instructions, parse_action
 from agentstream.streams.core.errors import ActionError
 from agentstream.streams.core.events import (
@@ -74,7 +85,7 @@ def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime, max_run: ti
 def is_pending_result(state: RunState, event: Event) -> bool:
     """True when ``event`` answers the step the run is waiting for (anything else is a copy or stale)."""
     return (state.status == RUNNING and event.step_id == state.pending_step_id
-            and not state.pending_request.get("prefetch")
+            and not state.waits_for_prefetch
             and isinstance(event, (InferenceCompleted, ToolCallCompleted, RetrievalCompleted)))
 
 
@@ -89,9 +100,10 @@ def prefetched(state: RunState, result: RetrievalCompleted, now: datetime) -> Ru
     passages = tuple({"id": p.id, "text": p.text, "score": p.score, "source": p.source} for p in result.passages)
     state = state.evolve(prefetch="ready", prefetched=passages, prefetch_error=result.error,
                          prefetch_ready_at=now, updated_at=now)
-    if state.pending_kind == "retrieval" and state.pending_request.get("prefetch"):
+    request = state.pending_request
+    if state.pending_kind == "retrieval" and isinstance(request, RetrievalRequest) and request.prefetch:
         return _serve_from_prefetch(state, now, state.pending_step_id or "", state.step_index - 1,
-                                    state.pending_request["query"], waited=True)
+                                    request.query, waited=True)
     return state
 
 
@@ -100,10 +112,12 @@ def decide(state: RunState, decision: ApprovalDecided, now: datetime) -> RunStat
     this one (a copy, or a decision on a step long gone)."""
     if state.status != AWAITING_APPROVAL or decision.step_id != state.pending_step_id:
         return None
+    request = state.pending_request
     if decision.approved:
+        assert isinstance(request, ToolRequest)  # (awaiting approval: a tool call is pending)
         return state.evolve(status=RUNNING, updated_at=now,
-                            pending_request={**state.pending_request, "approved_by": decision.decided_by})
-    tool = state.pending_request.get("tool", "the tool")
+                            pending_request=replace(request, approved_by=decision.decided_by))
+    tool = request.tool if isinstance(request, ToolRequest) else "the tool"
     note = Message(role="tool", name=tool, content=f"the call to {tool} was denied by a person"
                    + (f": {decision.reason}" if decision.reason else ""))
     return _ask_model(state.changed(last_step_id=decision.step_id, status=RUNNING), now, [note])
@@ -146,12 +160,13 @@ def _serve_from_prefetch(state: RunState, now: datetime, step: str, index: int, 
     """Complete retrieval step ``step`` with the prefetched passages and ask the model again. The time
     saved is what the retrieval had already run when the model asked for it (all of it, if ready)."""
     sent = state.prefetch_sent_at or now
-    asked = state.pending_request.get("asked_at") if waited else None
-    asked_at = datetime.fromisoformat(asked) if asked else now
+    request = state.pending_request
+    asked = request.asked_at if waited and isinstance(request, RetrievalRequest) else None
+    asked_at = asked or now
     ready = state.prefetch_ready_at or now
     saved_ms = max(0.0, (min(asked_at, ready) - sent).total_seconds() * 1000)
-    served = {"step_id": step, "step_index": index, "query": query, "saved_ms": round(saved_ms, 2),
-              "waited": waited}
+    served = PrefetchServed(step_id=step, step_index=index, query=query, saved_ms=round(saved_ms, 2),
+                            waited=waited)
     state = state.evolve(prefetch="used", prefetch_served=served, last_step_id=step, updated_at=now)
     return _ask_model(state, now, [_retrieval_message(list(state.prefetched), state.prefetch_error)])
 
@@ -211,7 +226,7 @@ def _on_model_reply(state: RunState, reply: InferenceCompleted, now: datetime) -
         return _ask_model(state, now, [said, hint], parse_failures=failures, **usage)
     if action.kind == "final_answer":
         return state.evolve(status=COMPLETED, answer=action.answer, pending_step_id=None, pending_kind=None,
-                            pending_request={}, messages=(*state.messages, said), parse_failures=0,
+                            pending_request=None, messages=(*state.messages, said), parse_failures=0,
                             updated_at=now, **usage)
     if action.kind == "tool" and action.tool not in state.tools:
         allowed = ", ".join(state.tools) or "none"
@@ -222,31 +237,31 @@ def _on_model_reply(state: RunState, reply: InferenceCompleted, now: datetime) -
 
 
 def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) -> RunState:
-    return _next_step(state, now, "model", {}, new, **changes)
+    return _next_step(state, now, "model", None, new, **changes)
 
 
 def _request(state: RunState, now: datetime, action: Action, new: list[Message], **changes) -> RunState:
     if action.kind == "tool":
-        request = {"tool": action.tool, "arguments": action.arguments}
+        request = ToolRequest(tool=action.tool or "", arguments=action.arguments)
         status: RunStatus = AWAITING_APPROVAL if action.tool in state.approval_tools else RUNNING
         return _next_step(state, now, "tool", request, new, status=status, **changes)
     query = action.query or ""
     if state.prefetch in ("pending", "ready") and _matches_task(query, state.task):
         # The speculative retrieval searched for this already: use it, or wait for it.
         if state.prefetch == "ready":
-            state = _next_step(state, now, "retrieval", {"query": query, "k": RETRIEVAL_K, "prefetch": True},
+            state = _next_step(state, now, "retrieval", RetrievalRequest(query=query, k=RETRIEVAL_K, prefetch=True),
                                new, **changes)
             if state.terminal:
                 return state
             return _serve_from_prefetch(state, now, state.pending_step_id or "", state.step_index - 1, query,
                                         waited=False)
         return _next_step(state, now, "retrieval",
-                          {"query": query, "k": RETRIEVAL_K, "prefetch": True, "asked_at": now.isoformat()},
+                          RetrievalRequest(query=query, k=RETRIEVAL_K, prefetch=True, asked_at=now),
                           new, **changes)
-    return _next_step(state, now, "retrieval", {"query": query, "k": RETRIEVAL_K}, new, **changes)
+    return _next_step(state, now, "retrieval", RetrievalRequest(query=query, k=RETRIEVAL_K), new, **changes)
 
 
-def _next_step(state: RunState, now: datetime, kind: PendingKind, request: dict, new: list[Message],
+def _next_step(state: RunState, now: datetime, kind: PendingKind, request: PendingRequest, new: list[Message],
                status: RunStatus = RUNNING, **changes) -> RunState:
     messages = (*state.messages, *new)
     if state.step_index >= state.max_steps:
@@ -262,7 +277,7 @@ def _next_step(state: RunState, now: datetime, kind: PendingKind, request: dict,
 def fail(state: RunState, now: datetime, code: str, reason: str, **changes) -> RunState:
     """The run ended without an answer: ``code`` is machine-readable, ``reason`` is for people."""
     return state.evolve(status=FAILED, error_code=code, error=_preview(reason, MAX_ERROR_CHARS), pending_step_id=None, pending_kind=None,
-                        pending_request={}, updated_at=now, **changes)
+                        pending_request=None, updated_at=now, **changes)
 
 
 def _preview(text: str | None, limit: int = RESULT_PREVIEW) -> str:
@@ -279,8 +294,9 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True) -> list[t
         # Only the run's first state asks for the prefetch, so republishing later states never repeats it.
         out.append((topics.retrieval_requests, RetrievalRequested.build(
             step=prefetch_step(state.run_id), query=state.task[:1000], k=RETRIEVAL_K, **common)))
-    if state.status == RUNNING and state.pending_step_id and not state.pending_request.get("prefetch"):
+    if state.status == RUNNING and state.pending_step_id and not state.waits_for_prefetch:
         step = state.pending_step_id
+        request = state.pending_request
         common["parent_step_id"] = state.last_step_id
         if state.pending_kind == "model":
             out.append((topics.inference_requests, InferenceRequested.build(
@@ -288,12 +304,13 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True) -> list[t
                 response_schema=state.response_schema, max_tokens=MODEL_MAX_TOKENS, deadline=state.deadline,
                 **common)))
         elif state.pending_kind == "tool":
+            assert isinstance(request, ToolRequest), request
             out.append((topics.tool_requests, ToolCallRequested.build(
-                step=step, tool=state.pending_request["tool"],
-                arguments=json.dumps(state.pending_request["arguments"], sort_keys=True), **common)))
+                step=step, tool=request.tool, arguments=json.dumps(request.arguments, sort_keys=True), **common)))
         else:
+            assert isinstance(request, RetrievalRequest), request
             out.append((topics.retrieval_requests, RetrievalRequested.build(
-                step=step, query=state.pending_request["query"], k=state.pending_request["k"], **common)))
+                step=step, query=request.query, k=request.k, **common)))
     elif state.status == COMPLETED:
         out.append((topics.outcomes, RunCompleted.build(
             step=f"{state.run_id}:outcome", answer=state.answer or "", steps=state.step_index,

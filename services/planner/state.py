@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -20,6 +20,85 @@ AWAITING_APPROVAL: Final = "awaiting_approval"  # a tool call waits for a person
 COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 TERMINAL: Final[frozenset[RunOutcome]] = frozenset({COMPLETED, FAILED})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolRequest:
+    """The pending tool call: what the model asked for and, once a person approved it, who did.
+
+    In JSON (``runs.state``): ``{"tool", "arguments"}``, plus ``"approved_by"`` only once approved — the
+    tool service's claim (streams/store/tool_calls.py) reads the call from there and takes the key's
+    presence as the approval."""
+
+    tool: str
+    arguments: dict[str, Any]
+    approved_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"tool": self.tool, "arguments": self.arguments}
+        if self.approved_by is not None:
+            data["approved_by"] = self.approved_by
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalRequest:
+    """The pending retrieval: its query and how many passages. ``prefetch``: the speculative retrieval
+    answers it (no search of its own); ``asked_at``: when the model asked, if it waits for that retrieval.
+
+    In JSON: ``{"query", "k"}``, plus ``"prefetch": true`` and ``"asked_at"`` (ISO 8601) only when set."""
+
+    query: str
+    k: int
+    prefetch: bool = False
+    asked_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"query": self.query, "k": self.k}
+        if self.prefetch:
+            data["prefetch"] = True
+        if self.asked_at is not None:
+            data["asked_at"] = self.asked_at.isoformat()
+        return data
+
+
+#: What the pending step asks for; None for a model step (its request is the conversation) and when
+#: nothing is pending. In JSON, None is ``{}``.
+PendingRequest = ToolRequest | RetrievalRequest | None
+
+
+def request_to_dict(request: PendingRequest) -> dict[str, Any]:
+    """``request`` as ``runs.state`` holds it (see ``ToolRequest``, ``RetrievalRequest``)."""
+    return {} if request is None else request.to_dict()
+
+
+def request_from_dict(data: dict[str, Any] | None) -> PendingRequest:
+    """The request a run's stored state holds: a tool call has a ``tool``, a retrieval a ``query``, and
+    anything else (``{}``) is None. Raises ``TypeError`` or ``KeyError`` for a shape it does not know."""
+    if not data:
+        return None
+    if "tool" in data:
+        return ToolRequest(**data)
+    asked = data.get("asked_at")
+    return RetrievalRequest(**{**data, "asked_at": datetime.fromisoformat(asked) if asked else None})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefetchServed:
+    """The retrieval step that the speculative retrieval answered: which step, its query, the time
+    it saved (ms) and whether the model's request waited for it (``waited``) or found it ready.
+
+    In JSON: ``{"step_id", "step_index", "query", "saved_ms", "waited"}``, in that order."""
+
+    step_id: str
+    step_index: int
+    query: str
+    saved_ms: float
+    waited: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_id": self.step_id, "step_index": self.step_index, "query": self.query,
+                "saved_ms": self.saved_ms, "waited": self.waited}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +124,7 @@ class RunState:
     last_event_id: str | None = None
     #: The pending step's request payload (tool name and arguments, retrieval query), so the request
     #: can be republished identically after a crash.
-    pending_request: dict[str, Any] = field(default_factory=dict)
+    pending_request: PendingRequest = None
     messages: tuple[Message, ...] = ()
     #: The JSON schema of an action for this run (its allowed tools), sent with every model request.
     response_schema: str | None = None
@@ -70,8 +149,8 @@ class RunState:
     prefetch_error: str | None = None
     prefetch_sent_at: datetime | None = None
     prefetch_ready_at: datetime | None = None
-    #: The retrieval step the prefetch answered: step_id, step_index, query, saved_ms.
-    prefetch_served: dict[str, Any] | None = None
+    #: The retrieval step the prefetch answered.
+    prefetch_served: PrefetchServed | None = None
     #: The run this one replays or forks, if any.
     replay_of: str | None = None
     #: The topic prefix of the pipeline that runs it: planners of other prefixes (a replay session, a
@@ -81,6 +160,12 @@ class RunState:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def waits_for_prefetch(self) -> bool:
+        """The pending step is a retrieval that the speculative retrieval is to answer (nothing to publish)."""
+        request = self.pending_request
+        return isinstance(request, RetrievalRequest) and request.prefetch
 
     def evolve(self, **changes: Any) -> RunState:
         """The next version of the state, with ``changes``."""
@@ -105,6 +190,9 @@ class RunState:
         data["approval_tools"] = list(self.approval_tools)
         data["prefetched"] = list(self.prefetched)
         data["messages"] = [{"role": m.role, "content": m.content, "name": m.name} for m in self.messages]
+        data["pending_request"] = request_to_dict(self.pending_request)
+        if self.prefetch_served is not None:
+            data["prefetch_served"] = self.prefetch_served.to_dict()
         for key in _TIMES:
             data[key] = data[key].isoformat() if data[key] else None
         return data
@@ -121,6 +209,9 @@ class RunState:
         data["approval_tools"] = tuple(data.get("approval_tools", ()))
         data["prefetched"] = tuple(data.get("prefetched", ()))
         data["messages"] = tuple(Message(**m) for m in data["messages"])
+        data["pending_request"] = request_from_dict(data.get("pending_request"))
+        served = data.get("prefetch_served")
+        data["prefetch_served"] = PrefetchServed(**served) if served else None
         return cls(**data)
 
     def snapshot(self, *, service: str) -> RunStateSnapshot:

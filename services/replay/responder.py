@@ -37,7 +37,9 @@ from agentstream.streams.core.events import (
     ToolCallCompleted,
     ToolCallRequested,
 )
-from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.records import Context, ServiceConfig
+from agentstream.streams.runtime.runner import ServiceRunner
 
 SERVICE = "replay"
 NO_RECORD = "no_recording"

@@ -6,7 +6,7 @@ Its vectors are within cosine 0.9995 of the fp32 model's (checked against the or
 the pipeline is sentence-transformers' for this model: WordPiece (uncased), at most 256 tokens, mean
 pooling over the attention mask, L2 normalisation. The int8 weights are widened to fp32 when loaded,
 so the arithmetic is fp32: on 2 cores about 300 short queries/s but only 13-15 chunks/s of ~170 tokens
-(attention and matmuls grow with length; bench/retrieval.py).
+(attention and matmuls grow with length; bench/perf/retrieval.py).
 
 Two layers:
 
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from agentstream.streams.config.settings import embedding_files
+from agentstream.streams.config.env import embedding_files
 from agentstream.streams.core.errors import EmbeddingModelUnavailable
 
 if TYPE_CHECKING:  # imported when the model loads (the retrieval extra)

@@ -8,7 +8,7 @@ candidates, so a passage ranked modestly by both legs can still win. A document 
 is still found by the full-text leg; with no embedder, search is full-text only.
 
 The vector leg runs with ``SET LOCAL hnsw.ef_search`` (the size of the HNSW candidate list: recall
-against latency, measured by bench/retrieval.py) and pgvector's iterative scan, so a filter on the
+against latency, measured by bench/perf/retrieval.py) and pgvector's iterative scan, so a filter on the
 collection cannot leave it with fewer rows than asked for.
 """
 
@@ -27,7 +27,7 @@ from agentstream.services.retrieval.embeddings import Embedder
 
 RRF_K = 60
 #: The smallest ef_search with recall@10 >= 0.95 both on the bulk of a 100k-row index and for real
-#: questions over a small real-text collection inside it (bench/retrieval.py, m=16, ef_construction=64,
+#: questions over a small real-text collection inside it (bench/perf/retrieval.py, m=16, ef_construction=64,
 #: 2 cores, two runs): recall@10 0.82-0.83 / 0.951-0.955 / 0.988-0.991 overall and 0.70-0.75 /
 #: 0.87-0.89 / 0.94-0.98 for the real questions at 40 / 100 / 200; p99 4.6-5.4 / 8.2-9.6 / 13.1-13.2 ms.
 DEFAULT_EF_SEARCH = 200

@@ -23,7 +23,9 @@ from agentstream.services.retrieval.embeddings import Embedder
 from agentstream.services.retrieval.search import DEFAULT_EF_SEARCH, Hit, hybrid_search
 from agentstream.streams.core.errors import EmbeddingModelUnavailable
 from agentstream.streams.core.events import Event, Passage, RetrievalCompleted, RetrievalRequested
-from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.records import Context, ServiceConfig
+from agentstream.streams.runtime.runner import ServiceRunner
 
 log = logging.getLogger(__name__)
 SERVICE = "retrieval"

@@ -30,7 +30,11 @@ from agentstream.streams.core.errors import ConfigError, ToolError
 #: Seconds of computation a guarded expression may take, inside the tool's 2 s (which also covers the
 #: wait for a free child process, and a child's start).
 CALCULATOR_COMPUTE_S = 1.0
-_guard: ComputeGuard | None = None
+#: The child processes the calculator's expressions that are not evidently cheap run in: one pool per
+#: process, since ``calculator`` is a module-level tool. Building it starts nothing (children start on
+#: first use); they are killed at exit.
+CALCULATOR_GUARD = ComputeGuard(arithmetic.__name__, workers=2, timeout_s=CALCULATOR_COMPUTE_S)
+atexit.register(CALCULATOR_GUARD.close)
 
 
 def evaluate(expression: str) -> float | int:
@@ -40,16 +44,6 @@ def evaluate(expression: str) -> float | int:
         return arithmetic.evaluate(expression)
     except arithmetic.CalculationError as exc:
         raise ToolError(str(exc)) from None
-
-
-def calculator_guard() -> ComputeGuard:
-    """The guard the calculator's expressions that are not evidently cheap run under (one per process,
-    its children started on first use and killed at exit)."""
-    global _guard
-    if _guard is None:
-        _guard = ComputeGuard(arithmetic.__name__, workers=2, timeout_s=CALCULATOR_COMPUTE_S)
-        atexit.register(_guard.close)
-    return _guard
 
 
 @tool(description="Evaluate an arithmetic expression, e.g. '17 * 23' or 'sqrt(2) / 3'.", timeout_s=2.0,
@@ -64,7 +58,7 @@ async def calculator(expression: str) -> float | int:
     except arithmetic.CalculationError as exc:
         raise ToolError(str(exc)) from None
     try:
-        value: float | int = await calculator_guard().call("evaluate", expression)
+        value: float | int = await CALCULATOR_GUARD.call("evaluate", expression)
     except ComputeTimeout as exc:
         raise ToolError(f"the expression takes too long to compute ({exc})") from None
     except ComputeError as exc:

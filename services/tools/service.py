@@ -67,7 +67,9 @@ from agentstream.streams.core.events import (
 )
 from agentstream.streams.core.outages import DATABASE, outage_of
 from agentstream.streams.runtime.dead_letters import Rejected, publish_dead_letter, refuse
-from agentstream.streams.runtime.runner import Context, Runtime, ServiceConfig, ServiceRunner
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.records import Context, ServiceConfig
+from agentstream.streams.runtime.runner import ServiceRunner
 from agentstream.streams.store import tool_calls
 from agentstream.streams.store.history import pg_text, to_json
 from agentstream.streams.store.tool_calls import EarlierCall, Verdict

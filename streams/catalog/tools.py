@@ -50,7 +50,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 from agentstream.streams.core.errors import DecodeError, ToolCatalogUnavailable
 from agentstream.streams.core.events import ToolRegistered
 from agentstream.streams.core.outages import KAFKA
@@ -58,7 +58,7 @@ from agentstream.streams.core.tools import ToolInfo
 from agentstream.streams.kafka.codec import Codec
 
 if TYPE_CHECKING:
-    from agentstream.streams.runtime.runner import Runtime
+    from agentstream.streams.runtime.publisher import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class ToolCatalog:
     """
 
     def __init__(self, bootstrap: str, topic: str, codec: Codec, *, ttl_s: float = 5.0,
-                 timeout_s: float = 10.0, auth: KafkaAuth | None = None) -> None:
+                 timeout_s: float = 10.0, auth: KafkaAuth) -> None:
         self.bootstrap = bootstrap
         self.auth = auth
         self.topic = topic

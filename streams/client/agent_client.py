@@ -53,7 +53,7 @@ from agentstream.streams.core.events import (
 from agentstream.streams.core.kinds import TERMINAL_STATUSES, StepKind, StepStatus
 from agentstream.streams.core.outages import DATABASE, outage_of
 from agentstream.streams.kafka.codec import codec_for
-from agentstream.streams.runtime.runner import Runtime
+from agentstream.streams.runtime.publisher import Runtime
 from agentstream.streams.store.history import RunColumns
 from agentstream.streams.telemetry import trace_context as tracing
 
@@ -111,6 +111,16 @@ class RecordedEvent(TypedDict):
 
 
 class AgentClient:
+    """The client of a running agentstream: submit tasks, wait for their outcome or stream their tokens,
+    approve, deny or cancel, and read a run's history and status.
+
+    Use it as ``async with AgentClient() as client`` (or ``start()`` / ``close()``); settings come from
+    the environment (``Settings.load()``) unless given. Kafka is the intake, so ``submit`` and ``wait``
+    for a run this client submitted work without PostgreSQL; calls that read the history need it and
+    raise ``Unavailable`` while it is down. A task the planner would refuse raises ``TaskRejected`` here,
+    before anything is published.
+    """
+
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings.load()
         self.runtime = Runtime(self.settings, codec_for(self.settings))

@@ -29,6 +29,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunResult:
+    """How a run ended, as ``AgentClient.wait`` returns it.
+
+    ``status`` is ``completed`` (with the ``answer``) or ``failed`` (with ``error_code``, e.g.
+    ``cancelled`` or ``deadline_exceeded``, and a readable ``error``); ``steps`` and ``duration_ms`` are
+    the planner's count. Built from the run's ``RunCompleted`` or ``RunFailed`` on ``agent.outcomes``,
+    so that a client learns the outcome from Kafka, without the database.
+    """
+
     run_id: str
     status: RunOutcome
     answer: str | None
@@ -53,7 +61,7 @@ class OutcomeWatcher:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, codec: Codec,
                  on_outcome: Callable[[RunResult], None], *, request_timeout_ms: int = 10_000,
-                 auth: KafkaAuth | None = None) -> None:
+                 auth: KafkaAuth) -> None:
         self.topic = topic
         self.partitions = partitions
         self.codec = codec

@@ -2,9 +2,9 @@
 
 Every Kafka client agentstream creates (producers, consumers, admin clients, faust) takes its options from
 ``kafka_options(bootstrap, auth)``, so a cluster with authentication needs nothing but settings: each
-service and the client authenticate as their own principal (docs/security.md). The settings come from
-``agentstream.streams.config.settings`` (the only module that reads the environment): a password from a file or
-the environment, never from the command line, where ``ps`` would show it.
+service and the client authenticate as their own principal (docs/security.md). The credentials come from
+``agentstream.streams.config.identity`` (``load_kafka_auth``, for the identity a process was started as): a
+password from a file or the environment, never from the command line, where ``ps`` would show it.
 
 What is supported: ``PLAINTEXT`` (the default, no authentication), ``SASL_PLAINTEXT`` and ``SASL_SSL``
 with ``SCRAM-SHA-512`` (the default mechanism), ``SCRAM-SHA-256`` or ``PLAIN``. TLS needs a CA file
@@ -85,15 +85,12 @@ class KafkaAuth:
                                      ssl_context=self.ssl_context() if self.security_protocol == "SASL_SSL" else None)
 
 
-def kafka_options(bootstrap: str, auth: KafkaAuth | None) -> dict[str, Any]:
-    """``bootstrap_servers`` and the security options: ``AIOKafkaProducer(**kafka_options(...), acks=…)``.
-    ``auth`` None is this process's principal (``config.process_kafka_auth``).
+def kafka_options(bootstrap: str, auth: KafkaAuth) -> dict[str, Any]:
+    """``bootstrap_servers`` and ``auth``'s security options: ``AIOKafkaProducer(**kafka_options(...), acks=…)``.
+    A process's own principal is its settings' (``Settings.kafka_auth``, from the identity it was started
+    as); ``KafkaAuth()`` is an unauthenticated connection.
 
     Every client's options pass here, so this is where aiokafka's metadata requests are told, once per
     process, never to create a topic (``kafka_defaults``)."""
     disable_auto_topic_creation()
-    if auth is None:
-        from agentstream.streams.config.settings import process_kafka_auth
-
-        auth = process_kafka_auth()
     return {"bootstrap_servers": bootstrap, **auth.options()}

@@ -2,7 +2,7 @@
 
 The first decision on a step stands (``agentstream_decide``, migrations 0011 and 0015): a call's own
 decision is not always the step's, so the client returns the one that holds and the CLI prints it
-(``agentstream/approvals_cli.py``), instead of what was asked for.
+(``agentstream/cli/approvals.py``), instead of what was asked for.
 """
 
 from __future__ import annotations

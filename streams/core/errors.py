@@ -55,6 +55,11 @@ class Unavailable(AgentStreamError):
 # --- Events on the wire: decoding, schemas, size, topics ---
 
 class DecodeError(AgentStreamError):
+    """A record is not an event this process can use. ``kind`` says why: ``undecodable`` (not the wire
+    format, or not Avro), ``unknown_schema`` (a schema id no one published: ``unknown_id``) or
+    ``invalid`` (decoded, but its fields break the event's rules); ``reason`` says what exactly.
+    A service dead-letters such a record instead of stopping on it."""
+
     def __init__(self, kind: DecodeErrorKind, reason: str, *, unknown_id: int | None = None) -> None:
         super().__init__(f"{kind}: {reason}")
         self.kind: DecodeErrorKind = kind

@@ -66,6 +66,7 @@ def uuid5_str(namespace: bytes, name: str) -> str:
 
 
 def new_run_id() -> str:
+    """A new, random run id (``run-`` and 16 hex digits), as ``AgentClient.submit`` gives each task."""
     return f"run-{uuid.uuid4().hex[:16]}"
 
 
@@ -86,6 +87,12 @@ class Producer:
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
+    """One message of a conversation, as a model request carries it (``InferenceRequested.messages``).
+
+    ``role`` is ``system``, ``user``, ``assistant`` or ``tool``; ``name`` is the tool's, on the message
+    that hands a tool's result (or its refusal) back to the model.
+    """
+
     role: Role
     content: str
     name: str | None = None
@@ -157,6 +164,15 @@ _NS = "io.agentstream.events."
 
 @dataclass(frozen=True, kw_only=True)
 class TaskSubmitted(Event):
+    """A task for the agent: the event that starts a run, on ``agent.tasks``.
+
+    ``AgentClient.submit`` builds and sends it; any producer may (docs/contract.md). The run may call
+    ``tools`` and take at most ``max_steps`` steps before ``deadline``; ``model`` and ``system_prompt``
+    override the service's; ``prefetch`` starts a retrieval of the task's subject alongside the first
+    model call; ``on_tool_error`` says whether a failed tool call is told to the model or fails the run;
+    ``replay_of`` names the run that a replay reruns. The planner checks it before starting the run.
+    """
+
     schema_name: ClassVar[str] = _NS + "TaskSubmitted"
     task: str
     tools: list[str] = field(default_factory=list)
@@ -198,6 +214,10 @@ class InferenceCompleted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TokenChunk(Event):
+    """A piece of text a model generated, on ``agent.tokens`` while it generates, so that a client can
+    show an answer as it is written (``AgentClient.stream``). ``seq`` orders the chunks of one step.
+    """
+
     schema_name: ClassVar[str] = _NS + "TokenChunk"
     seq: int
     text: str
@@ -282,6 +302,11 @@ class ApprovalDecided(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RunCompleted(Event):
+    """A run's success, on ``agent.outcomes``: the ``answer``, the steps it took, its duration and the
+    tokens its model steps used. Exactly one outcome is published per run; ``AgentClient.wait`` returns
+    it as a ``RunResult``.
+    """
+
     schema_name: ClassVar[str] = _NS + "RunCompleted"
     answer: str
     steps: int
@@ -292,6 +317,11 @@ class RunCompleted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RunFailed(Event):
+    """A run's failure, on ``agent.outcomes``: an ``error_code`` a program can act on (``cancelled``,
+    ``deadline_exceeded``, ``max_steps``, ...) and an ``error`` a person can read. Exactly one outcome is
+    published per run; ``AgentClient.wait`` returns it as a ``RunResult``.
+    """
+
     schema_name: ClassVar[str] = _NS + "RunFailed"
     error_code: str
     error: str
@@ -376,6 +406,8 @@ class ToolRegistered(Event):
         return super().problem() or (None if self.name else "name is empty")
 
 
+#: Every event class by its Avro record name (``Event.schema_name``): the events agentstream puts on its
+#: topics, and the only records a codec decodes (any other name is an ``unknown_schema`` ``DecodeError``).
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.schema_name: cls
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,

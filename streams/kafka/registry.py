@@ -26,7 +26,7 @@ import fastavro
 from fastavro.schema import to_parsing_canonical_form
 from fastavro.types import Schema
 
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 from agentstream.streams.core import resources
 from agentstream.streams.core.errors import AgentStreamError, UnknownSchema
 from agentstream.streams.kafka.schema_guard import MAX_SCHEMA_BYTES, SchemaRefused, check_writer

@@ -52,7 +52,7 @@ class SchemaLog:
     only what was added since); ``close()`` stops it."""
 
     def __init__(self, bootstrap: str, topic: str, registry: LocalRegistry, *, timeout_s: float = 15.0,
-                 auth: KafkaAuth | None = None) -> None:
+                 auth: KafkaAuth) -> None:
         self.bootstrap = bootstrap
         self.auth = auth
         self.topic = topic

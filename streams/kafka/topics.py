@@ -25,7 +25,7 @@ from aiokafka.errors import CoordinatorNotAvailableError, InvalidPartitionsError
 from aiokafka.partitioner import murmur2
 
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 from agentstream.streams.core.errors import AgentStreamError, TopicMismatch, TopicsMissing
 from agentstream.streams.kafka.schema_guard import MAX_SCHEMA_BYTES
 
@@ -159,7 +159,7 @@ class Topics:
         """Co-partitioned: a run's events land on the same partition number of each."""
         return [self.tasks, self.inference_results, self.retrieval_results, self.tool_results]
 
-    async def delete_all(self, bootstrap: str, *, auth: KafkaAuth | None = None) -> None:
+    async def delete_all(self, bootstrap: str, *, auth: KafkaAuth) -> None:
         """Delete every catalogue topic under this prefix (tests, replays, benchmarks clean up after
         themselves). Refuses without a prefix: those are the production topics."""
         if not self.prefix:
@@ -198,7 +198,7 @@ class Topics:
 
 
 async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_ms: int = 30000,
-                        auth: KafkaAuth | None = None) -> list[str]:
+                        auth: KafkaAuth) -> list[str]:
     """Create the topics that do not exist yet and bring existing ones in line; return the names created.
 
     An existing topic may not come from the catalogue: a broker with ``auto.create.topics.enable=true``
@@ -223,7 +223,7 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
             errors = {d["topic"]: d["error_code"] for d in await admin.describe_topics(refused)}
             missing = [n for n in refused if errors.get(n) == _UNKNOWN_TOPIC_OR_PARTITION]
             if missing:
-                raise TopicsMissing(f"{', '.join(missing)} do(es) not exist and {_who(auth)} may not create topics: "
+                raise TopicsMissing(f"{', '.join(missing)} do(es) not exist and {auth.principal} may not create topics: "
                                     "create them as the cluster's administrator (`agentstream dev up` does)")
             visible = [n for n in refused if errors.get(n) == 0]
         if existing or visible:
@@ -234,10 +234,6 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_m
         return created
     finally:
         await admin.close()
-
-
-def _who(auth: KafkaAuth | None) -> str:
-    return auth.principal if auth is not None else "this process's principal"
 
 
 async def _create_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *,
@@ -265,7 +261,7 @@ async def _create_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec], *,
 
 
 async def _fit_partitions(admin: AIOKafkaAdminClient, bootstrap: str, specs: list[TopicSpec], *,
-                          timeout_ms: int, auth: KafkaAuth | None) -> None:
+                          timeout_ms: int, auth: KafkaAuth) -> None:
     """Refuse every mismatch that cannot be repaired before repairing anything; then add partitions to
     the empty topics that have too few."""
     descriptions = await _describe_settled(admin, [s.name for s in specs], within_s=timeout_ms / 1000)
@@ -292,7 +288,7 @@ async def _fit_partitions(admin: AIOKafkaAdminClient, bootstrap: str, specs: lis
     await _add_partitions(admin, short, have, within_s=timeout_ms / 1000)
 
 
-async def _record_counts(bootstrap: str, partitions: Mapping[str, int], auth: KafkaAuth | None) -> dict[str, int]:
+async def _record_counts(bootstrap: str, partitions: Mapping[str, int], auth: KafkaAuth) -> dict[str, int]:
     """How many offsets each topic has handed out (the sum of its end offsets): 0 means no record was
     ever written to it, so its partition count can still change without moving any key."""
     consumer = AIOKafkaConsumer(**kafka_options(bootstrap, auth), enable_auto_commit=False)
@@ -405,7 +401,7 @@ async def _describe_settled(admin: AIOKafkaAdminClient, names: list[str], *,
 
 
 async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0,
-                                     auth: KafkaAuth | None = None) -> None:
+                                     auth: KafkaAuth) -> None:
     """Return once the cluster can coordinate consumer groups.
 
     A fresh broker creates ``__consumer_offsets`` on the first FindCoordinator request and answers
@@ -429,7 +425,7 @@ async def wait_for_group_coordinator(bootstrap: str, *, within_s: float = 30.0,
 
 
 async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int = 30000,
-                        auth: KafkaAuth | None = None) -> None:
+                        auth: KafkaAuth) -> None:
     """Delete topics (those that do not exist are ignored), so a long-lived development broker does not
     pile up the thousands that tests and benchmarks create."""
     names = list(names)
@@ -447,7 +443,7 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_ms: int
 
 
 async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: float = 2.0,
-                         optional: Iterable[str] = (), auth: KafkaAuth | None = None) -> list[str]:
+                         optional: Iterable[str] = (), auth: KafkaAuth) -> list[str]:
     """Those of ``names`` and ``optional`` the broker does not know. Asks for the list of all topics, which
     never creates one whatever the broker's settings. A topic another process created a moment ago can be
     missing from the broker's metadata briefly, so a missing one of ``names`` is looked for again for up
@@ -469,7 +465,7 @@ async def missing_topics(bootstrap: str, names: Iterable[str], *, within_s: floa
 
 
 async def require_topics(bootstrap: str, names: Iterable[str], *, optional: Iterable[str] = (),
-                         auth: KafkaAuth | None = None) -> list[str]:
+                         auth: KafkaAuth) -> list[str]:
     """Raise ``TopicsMissing`` naming the topics of ``names`` that do not exist (workers create them at
     start), so a client started before any worker says so at once instead of timing out on its first
     send. Returns the topics of ``optional`` that do not exist."""

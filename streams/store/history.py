@@ -13,15 +13,18 @@ data (a value PostgreSQL refuses) never fails the others' transitions: a batch t
 data is split until the failing transition is alone, and only that one raises ``TransitionRejected``.
 Text that PostgreSQL cannot store (NUL characters, lone surrogates) is replaced before it is sent.
 
-``AGENTSTREAM_HISTORY_CAPTURE`` (a file path): every batch document is also appended to that file, one
-JSON document a line — what ``bench/history_write.py`` replays to measure the history function. Off
-(one ``None`` check a batch) unless set.
+Benchmark hooks, both off unless asked for and both decided at construction, never per write:
+``capture`` (by default ``AGENTSTREAM_HISTORY_CAPTURE``, a file path, read then) appends every batch
+document to that file, one JSON document a line — what ``bench/perf/history_write.py`` replays to
+measure the history function; ``stages`` (the worker hands its ``Runtime.stages``) times the commits
+for ``bench/perf/pipeline.py --breakdown``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import os
 import re
 import time
@@ -29,7 +32,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import asyncpg
 import orjson
@@ -39,7 +43,9 @@ from agentstream.streams.core.events import Event, InferenceRequested, uuid5_str
 from agentstream.streams.core.kinds import RunStatus, StepOutcome
 from agentstream.streams.core.outages import outage_of
 from agentstream.streams.core.signals import Fenced
-from agentstream.streams.telemetry import stages
+
+if TYPE_CHECKING:
+    from agentstream.streams.telemetry.stages import StageClock
 
 
 class RunColumns(TypedDict):
@@ -206,17 +212,25 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
-#: A file every batch document is appended to (for bench/history_write.py); unset: none.
+#: A file every batch document is appended to (for bench/perf/history_write.py); unset: none.
 CAPTURE_ENV = "AGENTSTREAM_HISTORY_CAPTURE"
+
+
+class _Default(enum.Enum):
+    """``TransitionStore(capture=...)`` left out: as ``AGENTSTREAM_HISTORY_CAPTURE`` says then."""
+
+    FROM_ENV = "from the environment"
 
 
 class TransitionStore:
     """Reads go through ``pool``; batches are written on ``writer`` by at most ``flushers`` concurrent
     flushes (give the writer that many connections, kept warm so the function's plans stay cached).
-    Two flushes overlap one batch's commit with the next batch's gathering."""
+    Two flushes overlap one batch's commit with the next batch's gathering. ``stages`` and ``capture``
+    are the benchmark hooks (see the module's docstring)."""
 
     def __init__(self, pool: asyncpg.Pool, writer: asyncpg.Pool | None = None, *, max_batch: int = 500,
-                 flushers: int = 2) -> None:
+                 flushers: int = 2, stages: StageClock | None = None,
+                 capture: str | Path | _Default | None = _Default.FROM_ENV) -> None:
         self.pool = pool
         self.writer = writer or pool
         self.max_batch = max_batch
@@ -225,7 +239,10 @@ class TransitionStore:
         self._active = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"batches": 0, "transitions": 0, "flush_s": 0.0}
-        capture = os.environ.get(CAPTURE_ENV)
+        #: Times ``planner.history_write`` and ``planner.history_batch`` (None: off).
+        self._stages = stages
+        if isinstance(capture, _Default):
+            capture = os.environ.get(CAPTURE_ENV) or None
         # One unbuffered O_APPEND write a document: a worker stopped by a signal loses no captured batch,
         # and the planners of a group capturing into one file never interleave their lines.
         self._capture = os.open(capture, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if capture else None
@@ -244,7 +261,7 @@ class TransitionStore:
 
     async def write(self, transition: Transition) -> None:
         """Commit one transition (batched with concurrent ones); raises ``VersionConflict``."""
-        clock = stages.clock()
+        clock = self._stages
         started = time.perf_counter()
         pending = _Pending(transition)
         self._queue.append(pending)
@@ -268,7 +285,7 @@ class TransitionStore:
             started = time.perf_counter()
             await self._settle(batch)
             self.stats["flush_s"] += time.perf_counter() - started
-            if (clock := stages.clock()) is not None:
+            if (clock := self._stages) is not None:
                 clock.since("planner.history_batch", started)
                 clock.add("planner.history_batch_size", len(batch) / 1000)
 

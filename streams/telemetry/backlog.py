@@ -1,8 +1,9 @@
 """The autoscaling signal: prompt tokens waiting in the inference backlog, not just messages.
 
 Message counts are a poor signal for a model server: one request can be 50 prompt tokens or 8,000.
-Every ``InferenceRequested`` carries its estimated prompt tokens in a header (``Runtime.send`` adds it,
-whoever publishes: the planner, a replay, a benchmark). The backlog of a partition is the sum of that
+Every ``InferenceRequested`` carries its estimated prompt tokens in a header: whoever publishes model
+requests (the planner; a benchmark that publishes them itself) registers ``prompt_tokens_header`` on its
+``Runtime`` (``add_header_hook``), which adds it to each one sent. The backlog of a partition is the sum of that
 header over the records between the inference group's committed offset and the partition's end.
 
 Summing those headers naively means rereading the backlog on every sample. ``BacklogSampler`` is
@@ -54,6 +55,13 @@ PROMPT_TOKENS_HEADER = "agentstream-prompt-tokens"
 def estimate_prompt_tokens(event: InferenceRequested) -> int:
     """Characters / 4 (English text with BPE tokenizers) plus 4 per message for the chat template."""
     return sum(len(m.content) for m in event.messages) // 4 + 4 * len(event.messages)
+
+
+def prompt_tokens_header(event: InferenceRequested) -> list[tuple[str, bytes]]:
+    """The header a model request is published with, its estimated prompt tokens: the producer of
+    model requests (the planner) registers it with ``Runtime.add_header_hook``, so the transport itself
+    knows no event type."""
+    return [(PROMPT_TOKENS_HEADER, b"%d" % estimate_prompt_tokens(event))]
 
 
 def record_tokens(headers: Iterable[tuple[str, bytes]] | None, value: bytes | None) -> int:
@@ -141,4 +149,4 @@ class BacklogSampler:
                      len(remaining), self.read_budget_s)
 
 
-__all__ = ["PROMPT_TOKENS_HEADER", "BacklogSampler", "estimate_prompt_tokens", "record_tokens"]
+__all__ = ["PROMPT_TOKENS_HEADER", "BacklogSampler", "estimate_prompt_tokens", "prompt_tokens_header", "record_tokens"]

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 class GroupOffsets:
     """Committed and end offsets, through one admin client and one group-less consumer."""
 
-    def __init__(self, bootstrap: str, client_id: str, *, auth: KafkaAuth | None = None) -> None:
+    def __init__(self, bootstrap: str, client_id: str, *, auth: KafkaAuth) -> None:
         self.bootstrap = bootstrap
         self.auth = auth
         self.client_id = client_id

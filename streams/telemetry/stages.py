@@ -1,4 +1,4 @@
-"""Where a record's time goes, stage by stage — the data behind ``bench/pipeline.py --breakdown``.
+"""Where a record's time goes, stage by stage — the data behind ``bench/perf/pipeline.py --breakdown``.
 
 Off unless ``AGENTSTREAM_STAGES_DIR`` names a directory. Then every process that consumes records
 keeps, per stage (``"planner.handle"``, ``"inference.deliver"``, …), the wall-clock time each one
@@ -6,8 +6,10 @@ ended and how long it took, and writes them there as ``stages-{pid}.json`` when 
 CPU time. The benchmark keeps the samples of its measured window and adds them up per run.
 
 It is a benchmark's instrument, not telemetry (Prometheus histograms are, ``metrics.py``): samples
-stay in memory (capped) and nothing is exported while the process runs. When off, each hook on the
-hot path is one ``None`` check.
+stay in memory (capped) and nothing is exported while the process runs. The environment is read once
+per process (``PROCESS``); the runtime hands the clock down (``Runtime.stages``) and times a record's
+stages with a middleware it installs only when there is a clock
+(``streams/runtime/middleware/stages.py``), so when off the consumer loop does not see it at all.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import atexit
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "AGENTSTREAM_STAGES_DIR"
@@ -39,6 +42,15 @@ class StageClock:
         """Record ``stage`` as having run from ``started`` (``time.perf_counter()``) until now."""
         self.add(stage, time.perf_counter() - started)
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> StageClock | None:
+        """The clock ``AGENTSTREAM_STAGES_DIR`` asks for (its directory created), or None when unset."""
+        directory = environ.get(ENV)
+        if not directory:
+            return None
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        return cls(Path(directory))
+
     def write(self) -> Path:
         times = os.times()
         path = self.directory / f"stages-{os.getpid()}.json"
@@ -47,21 +59,34 @@ class StageClock:
         return path
 
 
-_clock: StageClock | None = None
-_checked = False
+class ProcessStages:
+    """This process's stage clock, built the first time it is asked for: from ``AGENTSTREAM_STAGES_DIR``
+    (read that once), written to that directory at exit. One object for the process, because its
+    samples go to one file per pid: a client that builds several runtimes, and the worker whose
+    runtime its services share, all record into the same clock. Pass the clock down from here
+    (``Runtime.stages``); do not read the environment on the hot path."""
+
+    def __init__(self) -> None:
+        self._clock: StageClock | None = None
+        self._read = False
+
+    def clock(self) -> StageClock | None:
+        """The clock, or None when ``AGENTSTREAM_STAGES_DIR`` was not set when first asked."""
+        if not self._read:
+            self._read = True
+            self._clock = StageClock.from_env()
+            if self._clock is not None:
+                atexit.register(self._clock.write)
+        return self._clock
+
+
+#: The process's stage clock (see ``ProcessStages``).
+PROCESS = ProcessStages()
 
 
 def clock() -> StageClock | None:
-    """This process's stage clock, or None when ``AGENTSTREAM_STAGES_DIR`` is not set."""
-    global _clock, _checked
-    if not _checked:
-        _checked = True
-        directory = os.environ.get(ENV)
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            _clock = StageClock(Path(directory))
-            atexit.register(_clock.write)
-    return _clock
+    """This process's stage clock, or None when ``AGENTSTREAM_STAGES_DIR`` is not set (``PROCESS``)."""
+    return PROCESS.clock()
 
 
 def window(samples: dict[str, list[tuple[float, float]]], start: float, end: float) -> dict[str, list[float]]:
@@ -78,4 +103,4 @@ def read(directory: Path) -> dict[int, dict[str, list[tuple[float, float]]]]:
     return out
 
 
-__all__ = ["CAP", "ENV", "StageClock", "clock", "read", "window"]
+__all__ = ["CAP", "ENV", "PROCESS", "ProcessStages", "StageClock", "clock", "read", "window"]

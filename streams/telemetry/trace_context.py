@@ -6,7 +6,7 @@ carries the context of that handling, so one run is one trace across every hop.
 This module is the cheap part that always runs: it formats and parses header values and never imports
 OpenTelemetry. When tracing is on (``AGENTSTREAM_TRACING``), ``agentstream.streams.telemetry.tracing`` installs a
 hook here so that ``new_traceparent()`` — what a client calls when it submits a task — starts the run's
-root span, and the runtime makes one span per handled record (``streams/runtime/runner.py``).
+root span, and the runtime makes one span per handled record (``streams/runtime/middleware/tracing.py``).
 """
 
 from __future__ import annotations
@@ -21,28 +21,47 @@ HEADER = "traceparent"
 #: inside a handler without an explicit one (a tool asking the retrieval service) join the run's trace.
 CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentstream_traceparent", default=None)
 
-_root_hook: Callable[[], str] | None = None
-_hook_checked = False
+
+class RootSpans:
+    """Who makes a new run's traceparent: with tracing on, its ``Tracing`` (a root span, which
+    ``Runtime.send`` ends when the task is acknowledged); else random ids. One object for the process
+    (``ROOTS``): ``agentstream.streams.telemetry.tracing`` installs the process's tracing here, and the
+    first ``traceparent()`` before that looks the environment up once."""
+
+    __slots__ = ("_resolved", "_start")
+
+    def __init__(self) -> None:
+        self._start: Callable[[], str] | None = None
+        self._resolved = False
+
+    def install(self, start: Callable[[], str] | None) -> None:
+        """Make ``start`` (``Tracing.root_traceparent``) what new runs' traceparents come from; None: random."""
+        self._start = start
+        self._resolved = True
+
+    def traceparent(self) -> str:
+        if not self._resolved:
+            self._resolved = True
+            from agentstream.streams.telemetry.tracing import process_tracing
+
+            process_tracing()  # installs the process's tracing here when the environment turns it on
+        if self._start is not None:
+            return self._start()
+        return random_traceparent()
+
+
+#: The process's (``RootSpans``).
+ROOTS = RootSpans()
 
 
 def set_root_hook(hook: Callable[[], str] | None) -> None:
     """Installed by ``agentstream.streams.telemetry.tracing``: makes ``new_traceparent()`` start a root span."""
-    global _root_hook, _hook_checked
-    _root_hook = hook
-    _hook_checked = True
+    ROOTS.install(hook)
 
 
 def new_traceparent() -> str:
     """The traceparent of a new run (a root span when tracing is on, random ids otherwise)."""
-    global _hook_checked
-    if not _hook_checked:
-        _hook_checked = True
-        from agentstream.streams.telemetry.tracing import process_tracing
-
-        process_tracing()  # installs the hook when the environment turns tracing on
-    if _root_hook is not None:
-        return _root_hook()
-    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+    return ROOTS.traceparent()
 
 
 def random_traceparent() -> str:

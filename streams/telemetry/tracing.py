@@ -44,7 +44,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from agentstream.streams.config.settings import StackPaths, TelemetrySettings
+from agentstream.streams.config.stack_state import StackPaths
+from agentstream.streams.config.telemetry import TelemetrySettings
 from agentstream.streams.telemetry import trace_context as header
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class RecordSpan:
 
     The SDK's ``Tracer.start_span`` costs about 45 µs a span (attribute validation, links, locks,
     sampler objects); at one span per record and every run traced, that was 8 % of the planner's CPU
-    (py-spy, ``bench/pipeline.py``). This keeps the ids, the times and a plain attribute dict (the
+    (py-spy, ``bench/perf/pipeline.py``). This keeps the ids, the times and a plain attribute dict (the
     runtime's attributes are known-good types), and becomes an SDK ``ReadableSpan`` only when exported,
     in the exporter's thread — or goes straight to the JSON-lines file. It follows the SDK's data model
     and sampling (``ParentBased(TraceIdRatio)``, the same bound), so mixed with SDK spans (the client's
@@ -355,43 +356,63 @@ def light_record(span: RecordSpan, service: str) -> dict[str, Any]:
 
 
 # -- the process's tracing ---------------------------------------------------------------------------
-_process: Tracing | None = None
-_process_set = False
-_lock = threading.Lock()
+class ProcessTracing:
+    """This process's tracing, shared by every runtime and client in it (one exporter, one file; the
+    client's root spans and the worker's record spans in one trace). The first configuration wins; a
+    worker builds its ``Runtime`` from it once and hands that down, so the hot path never asks here.
+    One object for the process (``PROCESS``), explicit rather than module globals."""
+
+    def __init__(self) -> None:
+        self._tracing: Tracing | None = None
+        self._resolved = False
+        self._lock = threading.Lock()
+
+    def install(self, tracing: Tracing | None) -> None:
+        """Make ``tracing`` the process's (client root spans, runtimes created from now on); ``None``
+        turns it off. Tests install one with an in-memory exporter."""
+        with self._lock:
+            self._tracing, self._resolved = tracing, True
+        header.ROOTS.install(tracing.root_traceparent if tracing is not None else None)
+
+    def for_settings(self, settings: TelemetrySettings, paths: StackPaths | None = None) -> Tracing | None:
+        """The installed tracing, else one built from ``settings`` (then installed, and flushed at
+        exit), else None."""
+        with self._lock:
+            if self._resolved:
+                return self._tracing
+        created = Tracing.from_settings(settings, paths=paths)
+        self.install(created)
+        if created is not None:
+            atexit.register(created.shutdown)
+            log.info("tracing on: %s (sample %.3g)", settings.tracing, settings.sample)
+        return created
+
+    def from_env(self) -> Tracing | None:
+        """The process's tracing, configured from the environment on first use."""
+        if self._resolved:
+            return self._tracing
+        paths = StackPaths.from_env()
+        return self.for_settings(TelemetrySettings.load(paths), paths)
+
+
+#: The process's tracing (see ``ProcessTracing``).
+PROCESS = ProcessTracing()
 
 
 def install(tracing: Tracing | None) -> None:
-    """Make ``tracing`` this process's tracing (client root spans, runtimes created from now on);
-    ``None`` turns it off. Tests install one with an in-memory exporter."""
-    global _process, _process_set
-    with _lock:
-        _process, _process_set = tracing, True
-    header.set_root_hook(tracing.root_traceparent if tracing is not None else None)
+    """Make ``tracing`` this process's tracing (``ProcessTracing.install``)."""
+    PROCESS.install(tracing)
 
 
 def tracing_for(settings: TelemetrySettings, paths: StackPaths | None = None) -> Tracing | None:
-    """The process's tracing: the installed one, else one built from ``settings`` (then installed, and
-    flushed at exit), else None. One per process: the first configuration wins (a worker and the
-    clients in its process share one exporter)."""
-    global _process, _process_set
-    with _lock:
-        if _process_set:
-            return _process
-    created = Tracing.from_settings(settings, paths=paths)
-    install(created)
-    if created is not None:
-        atexit.register(created.shutdown)
-        log.info("tracing on: %s (sample %.3g)", settings.tracing, settings.sample)
-    return created
+    """The process's tracing, or the one ``settings`` describe on first use (``ProcessTracing.for_settings``)."""
+    return PROCESS.for_settings(settings, paths)
 
 
 def process_tracing() -> Tracing | None:
     """The process's tracing, configured from the environment on first use."""
-    if _process_set:
-        return _process
-    paths = StackPaths.from_env()
-    return tracing_for(TelemetrySettings.load(paths), paths)
+    return PROCESS.from_env()
 
 
-__all__ = ["JsonLinesSpanExporter", "RecordSpan", "Tracing", "format_traceparent", "install", "light_record",
-           "parse_traceparent", "process_tracing", "span_record", "tracing_for"]
+__all__ = ["PROCESS", "JsonLinesSpanExporter", "ProcessTracing", "RecordSpan", "Tracing", "format_traceparent",
+           "install", "light_record", "parse_traceparent", "process_tracing", "span_record", "tracing_for"]

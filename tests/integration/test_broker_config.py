@@ -24,7 +24,9 @@ from agentstream.devstack.kafka import KafkaLauncher
 from agentstream.devstack.process import free_port
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.client.agent_client import AgentClient
-from agentstream.streams.config.settings import Settings, StackPaths
+from agentstream.streams.config.kafka_auth import KafkaAuth
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import StackPaths
 from agentstream.streams.core.errors import StackError, TopicMismatch, TopicsMissing
 from agentstream.streams.kafka.topics import Topics, ensure_topics
 from agentstream.testing import Pipeline
@@ -111,7 +113,7 @@ async def test_a_client_started_before_any_worker_says_which_topics_are_missing(
         assert control in on_broker
         assert [t for t in on_broker if t.startswith(s.topic_prefix)] == []
     finally:
-        await topics.delete_all(broker)
+        await topics.delete_all(broker, auth=KafkaAuth())
         admin = AIOKafkaAdminClient(bootstrap_servers=broker)
         await admin.start()
         try:
@@ -134,7 +136,7 @@ async def test_a_wrong_cleanup_policy_and_an_empty_short_topic_are_repaired(brok
         assert await _settled_partition_count(admin, topics.outcomes) == 1
 
         with caplog.at_level(logging.WARNING, logger="agentstream.streams.kafka.topics"):
-            created = await ensure_topics(broker, specs)
+            created = await ensure_topics(broker, specs, auth=KafkaAuth())
         assert sorted(created) == sorted(spec.name for spec in specs if spec.name not in
                                          (topics.runs, topics.outcomes))
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -151,11 +153,11 @@ async def test_a_wrong_cleanup_policy_and_an_empty_short_topic_are_repaired(brok
 
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="agentstream.streams.kafka.topics"):
-            assert await ensure_topics(broker, specs) == []
+            assert await ensure_topics(broker, specs, auth=KafkaAuth()) == []
         assert [r for r in caplog.records if r.levelno == logging.WARNING] == []  # nothing left to repair
     finally:
         await admin.close()
-        await topics.delete_all(broker)
+        await topics.delete_all(broker, auth=KafkaAuth())
 
 
 async def _settled_partition_count(admin: AIOKafkaAdminClient, topic: str, within_s: float = 10.0) -> int:
@@ -184,18 +186,18 @@ async def test_a_topic_whose_partitions_cannot_change_is_refused(broker, setting
             await producer.stop()
 
         with pytest.raises(TopicMismatch) as short:
-            await ensure_topics(broker, [by_name[topics.outcomes]])
+            await ensure_topics(broker, [by_name[topics.outcomes]], auth=KafkaAuth())
         assert f"topic {topics.outcomes} has 1 partitions, the catalogue says {s.partitions}" in str(short.value)
         assert "already holds records" in str(short.value) and "Delete the topic" in str(short.value)
         assert await partition_count(admin, topics.outcomes) == 1  # left as it was
 
         with pytest.raises(TopicMismatch) as extra:
-            await ensure_topics(broker, [by_name[topics.dlq]])
+            await ensure_topics(broker, [by_name[topics.dlq]], auth=KafkaAuth())
         assert f"topic {topics.dlq} has 3 partitions, the catalogue says 1" in str(extra.value)
         assert "cannot remove partitions" in str(extra.value) and "delete the topic" in str(extra.value)
     finally:
         await admin.close()
-        await topics.delete_all(broker)
+        await topics.delete_all(broker, auth=KafkaAuth())
 
 
 async def test_the_pipeline_runs_and_creates_only_the_catalogues_topics(broker, settings, unique):

@@ -1,4 +1,4 @@
-"""The chaos suite (bench/chaos.py): with several processes of every service and faults happening, every
+"""The chaos suite (bench/chaos/chaos.py): with several processes of every service and faults happening, every
 run still finishes exactly once.
 
 - ``test_quick_chaos_suite``: the suite's ``--quick`` version (about two minutes, on a Kafka + PostgreSQL
@@ -6,7 +6,7 @@ run still finishes exactly once.
   lost or stuck, no side effect or event applied twice, no snapshot going back, no dead letter but the
   injected poison's, a reason for every failure. On failure the message holds the suite's summary and
   the end of every process's log.
-- The other tests feed the suite's verdict (bench/chaos_check.py) fabricated evidence with one violation
+- The other tests feed the suite's verdict (bench/chaos/chaos_check.py) fabricated evidence with one violation
   of each kind: a green suite means something only if each check can turn red.
 """
 
@@ -26,7 +26,6 @@ import pytest
 from agentstream.streams.core.events import DeadLetter, RunCompleted, RunFailed, RunStateSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
 #: The quick suite takes about two minutes; more than this is a hang, not a slow machine.
 SUITE_TIMEOUT_S = 300
 #: On a timeout the suite gets this long to tear its stack down after SIGTERM.
@@ -37,20 +36,16 @@ OUTPUT_CHARS = 15000
 
 @pytest.fixture(scope="module")
 def chaos() -> dict[str, ModuleType]:
-    """The suite's modules, imported as the script imports them (by name, from bench/)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return {name: importlib.import_module(name)
-                for name in ("chaos_check", "chaos_load", "chaos_faults", "chaos_poison")}
-    finally:
-        sys.path.remove(str(BENCH))
+    """The suite's modules, imported as the suite imports them (``bench.chaos.<name>``)."""
+    return {name: importlib.import_module(f"bench.chaos.{name}")
+            for name in ("chaos_check", "chaos_load", "chaos_faults", "chaos_poison")}
 
 
 # -- the quick suite ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(SUITE_TIMEOUT_S + TEARDOWN_S + 30)
 def test_quick_chaos_suite(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, str(BENCH / "chaos.py"), "--quick", "--json"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "bench.chaos.chaos", "--quick", "--json"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=SUITE_TIMEOUT_S)

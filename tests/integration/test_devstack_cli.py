@@ -16,7 +16,7 @@ import pytest
 
 from agentstream.devstack.postgres import default_work_dir
 from agentstream.devstack.process import ProcessRef, RunAs, free_port, port_in_use
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "agentstream.cli"]

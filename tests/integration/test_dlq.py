@@ -1,6 +1,6 @@
 """Dead letters end to end, on the real broker and database: poison and oversized records become letters
 that were really sent while the service keeps going; `list`, `show` and `redrive` through the Python
-API and the CLI (streams/runtime/dead_letters.py, `agentstream dlq`)."""
+API and the CLI (agentstream/ops/dlq.py, `agentstream dlq`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
+from agentstream.ops.dlq import REDRIVE_HEADER, DeadLetters
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.events import (
@@ -29,7 +30,6 @@ from agentstream.streams.core.events import (
     TaskSubmitted,
 )
 from agentstream.streams.kafka.codec import codec_for
-from agentstream.streams.runtime.dead_letters import REDRIVE_HEADER, DeadLetters
 from agentstream.streams.runtime.runner import ServiceRunner
 from agentstream.testing import Pipeline, isolated
 

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.replay.timeline import show
-from agentstream.streams.runtime.runner import ROUTED_HEADER
+from agentstream.streams.runtime.headers import ROUTED_HEADER
 from agentstream.testing import Pipeline, isolated
 from tests.integration import foreign_client
 from tests.integration.processes import start_worker, stop, wait_for_members

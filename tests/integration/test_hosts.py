@@ -1,5 +1,5 @@
-"""Kafka and PostgreSQL on test hosts of their own (network namespaces, bench/testnet.py), reached by a
-client on a third host across the link emulator: what bench/regions.py is built on.
+"""Kafka and PostgreSQL on test hosts of their own (network namespaces, bench/netsim/testnet.py), reached by a
+client on a third host across the link emulator: what bench/netsim/regions.py is built on.
 
 Checks that the launchers serve on a host's address (``KafkaLauncher.host``, ``PostgresLauncher.host``),
 that a client on another host produces, consumes and queries across the emulator, and that a delay set
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from agentstream.devstack import process
-from bench.regions import start_server
-from bench.testnet import TestNetwork, available
+from bench.netsim.regions import start_server
+from bench.netsim.testnet import TestNetwork, available
 
 pytestmark = pytest.mark.slow
 UNAVAILABLE = available()

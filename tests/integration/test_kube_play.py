@@ -65,4 +65,4 @@ async def test_pods_run_tasks_and_a_killed_pod_loses_no_run(settings, tmp_path):
         assert {r["run_id"]: r["n"] for r in calls} == {r: 2 for r in run_ids}
     finally:
         deployment.down()
-        await Topics(prefix=f"{name}.", partitions=settings.partitions).delete_all(settings.kafka_bootstrap)
+        await Topics(prefix=f"{name}.", partitions=settings.partitions).delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth)

@@ -23,7 +23,8 @@ from agentstream.services import worker as worker_module
 from agentstream.services.alerts.app import AlertsApp
 from agentstream.services.inference.backends.scripted import ScriptedBackend
 from agentstream.services.worker import Worker, WorkerOptions
-from agentstream.streams.config.settings import AlertSettings, TelemetrySettings
+from agentstream.streams.config.alerts import AlertSettings
+from agentstream.streams.config.telemetry import TelemetrySettings
 from agentstream.streams.core.events import AlertRaised
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover

@@ -11,7 +11,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.config.settings import TelemetrySettings
+from agentstream.streams.config.telemetry import TelemetrySettings
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.tracing import Tracing
 from agentstream.testing import Pipeline, isolated

@@ -257,7 +257,7 @@ async def test_prometheus_fires_the_slow_step_alert_on_real_workers(settings, tm
             stop(prometheus, timeout=15)
         for proc in procs.values():
             stop(proc)
-        await Topics(prefix=s.topic_prefix, partitions=s.partitions).delete_all(s.kafka_bootstrap)
+        await Topics(prefix=s.topic_prefix, partitions=s.partitions).delete_all(s.kafka_bootstrap, auth=s.kafka_auth)
 
     # the slow tool made the p99 of tool steps cross the (test) threshold; model steps stayed fast
     assert [a["labels"]["kind"] for a in firing] == ["tool"], firing

@@ -157,7 +157,7 @@ async def test_diff_flags_a_changed_tool_argument(original, settings):
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url}
     for pair, code in (((ids[0], ids[1]), 1), ((ids[0], ids[0]), 0)):
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentstream.replay.cli", "diff", *pair, "--json", cwd=REPO, env=env,
+            sys.executable, "-m", "agentstream.cli", "replay", "diff", *pair, "--json", cwd=REPO, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, errors = await proc.communicate()
         assert proc.returncode == code, errors.decode()

@@ -127,7 +127,7 @@ async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run
     try:
         for service, name in ROLLOUT:
             fleet.start(service, name, new=False)
-        await wait_for_group_coordinator(settings.kafka_bootstrap)  # a fresh broker: before describing groups
+        await wait_for_group_coordinator(settings.kafka_bootstrap, auth=settings.kafka_auth)  # a fresh broker: before describing groups
         await asyncio.gather(fleet.members("planner", 2), fleet.members("tools", 1), fleet.members("inference", 1))
         clients = [AgentClient(settings), AgentClient(dataclasses.replace(settings, schemas_dir=newer))]
         for client in clients:
@@ -198,4 +198,4 @@ async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run
         for client in clients:
             await client.close()
         await fleet.close()
-        await topics.delete_all(settings.kafka_bootstrap)
+        await topics.delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth)

@@ -153,14 +153,15 @@ async def _published(pipe, tp: TopicPartition, since: dict[TopicPartition, int],
 
 async def test_a_catalogue_without_its_topic_or_broker_fails_within_its_timeout(pipe):
     absent = ToolCatalog(pipe.settings.kafka_bootstrap, f"t{uuid.uuid4().hex[:8]}.agent.tools",
-                         pipe.client.runtime.codec, timeout_s=1)
+                         pipe.client.runtime.codec, timeout_s=1, auth=pipe.settings.kafka_auth)
     t0 = time.monotonic()
     with pytest.raises(ToolCatalogUnavailable, match="to exist"):
         await absent.unknown(["calculator"])
     assert time.monotonic() - t0 < 3
     await absent.close()
 
-    no_broker = ToolCatalog(f"127.0.0.1:{free_port()}", "agent.tools", pipe.client.runtime.codec, timeout_s=1)
+    no_broker = ToolCatalog(f"127.0.0.1:{free_port()}", "agent.tools", pipe.client.runtime.codec, timeout_s=1,
+                            auth=pipe.settings.kafka_auth)
     with pytest.raises(ToolCatalogUnavailable, match="the broker"):
         await no_broker.all()
     assert time.monotonic() - t0 < 6

@@ -2,8 +2,9 @@
 
 ``FakeKafka`` holds partition logs, the group's committed offsets and what was produced. Its
 ``consumer`` and ``producer`` methods take the keyword arguments of ``AIOKafkaConsumer`` and
-``AIOKafkaProducer`` (tests put them in their place in ``agentstream.streams.runtime.runner``) and return
-objects with the part of the aiokafka API the runtime uses:
+``AIOKafkaProducer`` (tests put them in their place in ``agentstream.streams.runtime.runner`` and
+``agentstream.streams.runtime.publisher``) and return objects with the part of the aiokafka API the
+runtime uses:
 
 - ``FakeConsumer``: ``start``/``stop``, ``subscribe(topics, listener=)``, ``assignment()``,
   ``pause``/``resume``, ``getmany`` and ``commit``. The first ``getmany`` assigns every partition of

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from agentstream.streams.config.settings import DEFAULT_KAFKA_PORT, Settings, StackPaths, dev_ports
+from agentstream.streams.config.env import dev_ports
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import DEFAULT_KAFKA_PORT, StackPaths
 from agentstream.streams.core.errors import ConfigError
 
 

@@ -26,14 +26,10 @@ from agentstream.streams.core.events import EVENT_TYPES, Event, TaskSubmitted
 from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 from agentstream.streams.kafka.topics import Topics
-from agentstream.streams.runtime.runner import (
-    ROUTED_HEADER,
-    Context,
-    Record,
-    Runtime,
-    ServiceConfig,
-    ServiceRunner,
-)
+from agentstream.streams.runtime.headers import ROUTED_HEADER
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.records import Context, Record, ServiceConfig
+from agentstream.streams.runtime.runner import ServiceRunner
 from tests.integration import foreign_client
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,10 +11,12 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentstream.approvals_cli import EXIT_EARLIER_STANDS, OPERATOR_READER, decision_json, describe
+from agentstream.cli.approvals import EXIT_EARLIER_STANDS, OPERATOR_READER, decision_json, describe
 from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets
 from agentstream.streams.client.agent_client import AgentClient
-from agentstream.streams.config.settings import Settings, StackPaths, use_database_login, write_state
+from agentstream.streams.config.identity import Identity
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import StackPaths, write_state
 from agentstream.streams.core.approvals import Decision
 from agentstream.streams.core.errors import NotAnApprover, NotAwaitingApproval
 
@@ -136,9 +138,6 @@ def test_the_operator_reader_is_a_login_of_its_own_and_no_client_has_its_role(mo
     paths.state_dir.mkdir(parents=True)
     owner = f"postgresql://postgres:{secrets.db_password('postgres')}@127.0.0.1:35432/agentstream"
     write_state(paths.state_file, {"secrets_dir": str(secrets.directory), "database_url": owner})
-    try:
-        assert Settings.load().database_url.startswith("postgresql://client:")
-        use_database_login(OPERATOR_READER)  # `agentstream status --operator`
-        assert Settings.load().database_url.startswith("postgresql://operator-reader:")
-    finally:
-        use_database_login(None)
+    assert Settings.load().database_url.startswith("postgresql://client:")
+    reader = Identity(database_login=OPERATOR_READER)  # `agentstream status --operator`
+    assert Settings.load(identity=reader).database_url.startswith("postgresql://operator-reader:")

@@ -1,4 +1,5 @@
-"""Dead letters that always fit (streams/runtime/dead_letters.py): truncation, old letters, publishing through outages."""
+"""Dead letters that always fit (streams/runtime/dead_letters.py): truncation, old letters, publishing through
+outages; and what the operator sees of them (agentstream/ops/dlq.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import fastavro
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 
+from agentstream.ops.dlq import REDRIVE_HEADER, LetterDetails, RedriveResult, StoredLetter, readable
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core import resources
 from agentstream.streams.core.events import DeadLetter, Event
@@ -167,3 +169,31 @@ async def test_refusals_past_the_minimal_letter_are_retried_not_raised(codec, no
 def test_backoff_is_capped():
     assert all(dlq.MAX_BACKOFF_S / 2 <= dlq.backoff_delay(n) <= dlq.MAX_BACKOFF_S for n in (20, 1000))
     assert dlq.backoff_delay(1) <= dlq.BACKOFF_S
+
+
+# -- what the operator sees (agentstream/ops/dlq_letters.py) ---------------------------------------------
+
+def test_bytes_are_shown_as_text_when_they_are_text_else_as_base64():
+    assert readable(None) is None
+    assert readable("line one\n\tline two é".encode()) == "line one\n\tline two é"
+    assert readable(b"\x00\x01bin") == "base64:AAFiaW4="
+    assert readable(b"\xff\xfe") == "base64://4="
+
+
+def test_a_stored_letter_is_summarised_with_where_it_came_from_and_what_it_was_redriven_from(codec):
+    letter = dead_letter(rejected(b"v", headers={REDRIVE_HEADER: b"t.agent.dlq:0:3"}), codec, LIMIT)
+    stored = StoredLetter("t.agent.dlq", 0, 9, datetime(2026, 1, 2, tzinfo=UTC), letter, redrives=1)
+    summary = stored.summary()
+    assert stored.address == "t.agent.dlq:0:9"
+    assert summary["source_topic"] == "agent.tasks" and summary["source_offset"] == 42
+    assert summary["redrive_of"] == "t.agent.dlq:0:3" and summary["redrives"] == 1
+    details = LetterDetails(stored, None, "does not decode", []).as_dict()
+    assert details["value_base64"] == "dg==" and details["headers"] == {REDRIVE_HEADER: "t.agent.dlq:0:3"}
+    assert details["original"] is None and details["original_problem"] == "does not decode"
+    broken = StoredLetter("t.agent.dlq", 0, 10, datetime(2026, 1, 2, tzinfo=UTC), None, "a TaskSubmitted").summary()
+    assert broken["problem"] == "a TaskSubmitted" and "source_topic" not in broken
+
+
+def test_a_redrive_is_ok_unless_refused_or_failed():
+    assert [RedriveResult(0, action, "").ok for action in ("redriven", "would_redrive", "skipped", "refused", "failed")
+            ] == [True, True, True, False, False]

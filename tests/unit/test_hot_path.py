@@ -116,7 +116,8 @@ def test_a_run_waiting_for_a_person_is_published_at_once() -> None:
 
 
 def test_snapshot_interval_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from agentstream.streams.config.settings import ConfigError, Settings
+    from agentstream.streams.config.settings import Settings
+    from agentstream.streams.core.errors import ConfigError
 
     monkeypatch.setenv("AGENTSTREAM_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", raising=False)
@@ -129,7 +130,7 @@ def test_snapshot_interval_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) ->
 
 
 async def test_history_capture_appends_each_batch_document(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """bench/history_write.py replays what ``AGENTSTREAM_HISTORY_CAPTURE`` collects: the very document
+    """bench/perf/history_write.py replays what ``AGENTSTREAM_HISTORY_CAPTURE`` collects: the very document
     each batch sent, one a line; unset, nothing is written."""
     from agentstream.streams.store import history as store_module
 
@@ -153,3 +154,30 @@ async def test_history_capture_appends_each_batch_document(monkeypatch: pytest.M
     monkeypatch.delenv(store_module.CAPTURE_ENV)
     await store_module.TransitionStore(None, Writer()).write(store_module.Transition(run=run))  # type: ignore[arg-type]
     assert len(path.read_text().splitlines()) == 2 and len(sent) == 3
+
+
+async def test_history_hooks_are_decided_at_construction(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The store times its writes on the stage clock it is handed (none: no timing), and captures into
+    the file it is given, whatever the environment says after it was built."""
+    from agentstream.streams.store import history as store_module
+    from agentstream.streams.telemetry.stages import StageClock
+
+    class Writer:
+        async def fetchval(self, query: str, doc: str) -> str:
+            return "{}"
+
+    run = store_module.RunRow(run_id="run-1", status="running", task="t", state={}, version=1,
+                              expected_version=None, step_count=0, answer=None, error_code=None, error=None,
+                              traceparent=None, submitted_at=datetime.now(UTC), updated_at=datetime.now(UTC),
+                              finished_at=None)
+    monkeypatch.delenv(store_module.CAPTURE_ENV, raising=False)
+    clock = StageClock(tmp_path)
+    path = tmp_path / "captured.jsonl"
+    store = store_module.TransitionStore(None, Writer(), stages=clock, capture=path)  # type: ignore[arg-type]
+    monkeypatch.setenv(store_module.CAPTURE_ENV, str(tmp_path / "elsewhere.jsonl"))
+    await store.write(store_module.Transition(run=run))
+    assert set(clock.samples) == {"planner.history_write", "planner.history_batch", "planner.history_batch_size"}
+    assert len(path.read_text().splitlines()) == 1 and not (tmp_path / "elsewhere.jsonl").exists()
+    quiet = store_module.TransitionStore(None, Writer(), capture=None)  # type: ignore[arg-type]
+    await quiet.write(store_module.Transition(run=run))
+    assert not (tmp_path / "elsewhere.jsonl").exists()

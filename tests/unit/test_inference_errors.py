@@ -47,7 +47,8 @@ class Ctx:
 def _service(error: BackendError) -> InferenceService:
     """The service on a stand-in runtime (what ``service()`` and ``handle`` read; nothing connects)."""
     settings = Settings(kafka_bootstrap="fake:1", database_url="unused")
-    runtime = SimpleNamespace(settings=settings, topics=Topics.of(settings), metrics=None, tracing=None)
+    runtime = SimpleNamespace(settings=settings, topics=Topics.of(settings), metrics=None, tracing=None,
+                              stages=None)
     return InferenceService(runtime, FailingBackend(error))  # type: ignore[arg-type]
 
 

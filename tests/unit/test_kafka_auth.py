@@ -1,4 +1,4 @@
-"""Kafka credentials (streams/config/kafka_auth.py, config.load_kafka_auth), the local stack's secrets and the
+"""Kafka credentials (streams/config/kafka_auth.py, identity.load_kafka_auth), the local stack's secrets and the
 ACLs derived from the topic contract (agentstream/ops/acls.py). The broker's enforcement of them is tested in
 tests/integration/test_secure_stack.py."""
 
@@ -12,16 +12,10 @@ import pytest
 
 from agentstream.devstack.secure import StackSecrets
 from agentstream.ops.acls import PRINCIPALS, SERVICES, Operation, Pattern, Resource, acl_bindings
-from agentstream.streams.config import settings as config
+from agentstream.streams.config.identity import Identity, load_kafka_auth
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.config.settings import (
-    Settings,
-    StackPaths,
-    load_kafka_auth,
-    use_database_login,
-    use_kafka_principal,
-    write_state,
-)
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import StackPaths, read_state, write_state
 from agentstream.streams.core.errors import ConfigError
 from agentstream.streams.kafka.topics import Topics
 
@@ -35,9 +29,6 @@ def clean_env(monkeypatch, tmp_path):
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AGENTSTREAM_STATE_DIR", str(tmp_path / "state"))
-    yield
-    use_kafka_principal("client")
-    use_database_login(None)
 
 
 def test_plaintext_by_default_adds_no_options():
@@ -85,10 +76,12 @@ def test_the_local_secure_stack_gives_each_process_its_own_principal(tmp_path):
     paths.state_dir.mkdir(parents=True)
     write_state(paths.state_file, {"kafka_security": "SASL_PLAINTEXT", "secrets_dir": str(secrets.directory)})
     assert Settings.load().kafka_auth.username == "client"
-    use_kafka_principal("tools")
-    auth = Settings.load().kafka_auth
+    tools = Identity(principal="tools")
+    settings = Settings.load(identity=tools)
+    auth = settings.kafka_auth
     assert (auth.username, auth.password) == ("tools", secrets.password("tools"))
-    assert config.process_kafka_auth() == auth
+    assert settings.identity == tools and load_kafka_auth(read_state(paths.state_file), identity=tools) == auth
+    assert settings.kafka_options() == kafka_options(settings.kafka_bootstrap, auth)
 
 
 def test_a_user_cluster_named_in_the_environment_ignores_the_local_stack_secrets(monkeypatch, tmp_path):
@@ -173,13 +166,11 @@ def test_on_the_secure_stack_a_client_reads_with_its_own_database_login(monkeypa
                                      "@127.0.0.1:35432/agentstream")
     assert settings.approvals == "recorded"
     assert secrets.db_password("client") not in repr(settings)
-    use_database_login("approver")
-    assert Settings.load().database_url.startswith("postgresql://approver:")
-    use_database_login(None)
-    use_kafka_principal("planner")  # a service: its own login, with only its tables
-    assert Settings.load().database_url.startswith("postgresql://planner:")
-    use_kafka_principal("replay")  # a replay runs a pipeline of its own: the schema owner's login
-    assert Settings.load().database_url == owner
+    assert Settings.load(identity=Identity(database_login="approver")).database_url.startswith("postgresql://approver:")
+    # a service: its own login, with only its tables
+    assert Settings.load(identity=Identity(principal="planner")).database_url.startswith("postgresql://planner:")
+    # a replay runs a pipeline of its own: the schema owner's login
+    assert Settings.load(identity=Identity(principal="replay")).database_url == owner
     monkeypatch.setenv("AGENTSTREAM_APPROVALS", "sometimes")
     with pytest.raises(ConfigError, match="AGENTSTREAM_APPROVALS"):
         Settings.load()
@@ -199,8 +190,33 @@ def test_each_tenant_gets_a_principal_a_client_login_and_an_approver_login(tmp_p
     assert not any(who == "client" for who, _op, _name in rights)
 
 
+def test_a_tenants_process_is_the_tenants_principal_and_logins(monkeypatch, tmp_path):
+    assert (Identity().kafka_user(""), Identity().login("")) == ("client", "client")
+    assert (Identity().kafka_user("a"), Identity().login("a")) == ("tenant-a", "tenant-a")
+    assert Identity(principal="planner").kafka_user("a") == "planner"  # a cell's services are not the tenant's
+    assert Identity(database_login="approver").login("a") == "approver-a"
+    assert Identity(principal="admin").login("a") is None  # the schema owner's
+    secrets = StackSecrets.ensure(tmp_path / "secrets", ("a",))
+    paths = StackPaths.from_env()
+    paths.state_dir.mkdir(parents=True)
+    owner = f"postgresql://postgres:{secrets.db_password('postgres')}@127.0.0.1:35432/agentstream"
+    write_state(paths.state_file, {"kafka_security": "SASL_PLAINTEXT", "secrets_dir": str(secrets.directory),
+                                   "database_url": owner})
+    monkeypatch.setenv("AGENTSTREAM_TENANT", "a")
+    monkeypatch.delenv("AGENTSTREAM_TOPIC_PREFIX", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    settings = Settings.load()
+    assert (settings.topic_prefix, settings.kafka_auth.username) == ("a.", "tenant-a")
+    assert settings.database_url.startswith("postgresql://tenant-a:")
+    approver = Settings.load(identity=Identity(database_login="approver"))
+    assert approver.database_url.startswith("postgresql://approver-a:") and approver.kafka_auth.username == "tenant-a"
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_USERNAME", "someone")  # the environment still wins
+    monkeypatch.setenv("AGENTSTREAM_KAFKA_PASSWORD", "pw")
+    assert Settings.load(identity=Identity(principal="planner")).kafka_auth.username == "someone"
+
+
 def test_quotas_come_from_the_environment(monkeypatch):
-    from agentstream.streams.config.settings import Quotas
+    from agentstream.streams.config.quotas import Quotas
 
     assert Quotas.load() == Quotas()
     monkeypatch.setenv("AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT", "5")

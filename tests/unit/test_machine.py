@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from agentstream.services.planner import machine
-from agentstream.services.planner.state import RunState
+from agentstream.services.planner.state import PrefetchServed, RetrievalRequest, RunState
 from agentstream.streams.core.events import (
     ApprovalDecided,
     InferenceCompleted,
@@ -107,7 +107,8 @@ def test_disallowed_tool_is_told_to_the_model():
 def test_retrieval_step_and_passages_in_the_conversation():
     state = machine.start(_task(), [CALC], NOW)
     state = machine.advance(state, _reply(state, '{"action":"retrieve","query":"kafka compaction"}'), NOW)
-    assert state.pending_kind == "retrieval" and state.pending_request["query"] == "kafka compaction"
+    assert state.pending_kind == "retrieval"
+    assert state.pending_request == RetrievalRequest(query="kafka compaction", k=machine.RETRIEVAL_K)
     done = RetrievalCompleted.build(run_id="r", step=state.pending_step_id, service="retrieval")
     state = machine.advance(state, done, NOW)
     assert "no passages" in state.messages[-1].content and state.pending_kind == "model"
@@ -147,8 +148,8 @@ def test_prefetch_ready_answers_a_matching_retrieval_at_once():
     state = machine.advance(state, _reply(state, '{"action":"retrieve","query":"kafka compaction"}'), asked)
     # The retrieval step (1) was answered from the prefetch in the same transition; the model is next.
     assert state.prefetch == "used" and state.pending_kind == "model" and state.pending_step_id == "r:2:model"
-    assert state.prefetch_served == {"step_id": "r:1:retrieval", "step_index": 1, "query": "kafka compaction",
-                                     "saved_ms": 40.0, "waited": False}
+    assert state.prefetch_served == PrefetchServed(step_id="r:1:retrieval", step_index=1, query="kafka compaction",
+                                                   saved_ms=40.0, waited=False)
     assert "Kafka compacts topics." in state.messages[-1].content
     assert not any(isinstance(e, RetrievalRequested) for _, e in machine.outputs(state, TOPICS))
 
@@ -157,11 +158,12 @@ def test_prefetch_in_flight_is_waited_for_and_other_queries_search_anew():
     state = machine.start(_task(task="how does kafka compaction work"), [CALC], NOW)
     asked = NOW + timedelta(milliseconds=30)
     waiting = machine.advance(state, _reply(state, '{"action":"retrieve","query":"kafka compaction"}'), asked)
-    assert waiting.pending_kind == "retrieval" and waiting.pending_request["prefetch"]
+    assert waiting.pending_kind == "retrieval" and waiting.waits_for_prefetch
     assert not any(isinstance(e, RetrievalRequested) for _, e in machine.outputs(waiting, TOPICS))
     done = machine.prefetched(waiting, _passages(waiting), NOW + timedelta(milliseconds=50))
-    assert done.pending_kind == "model" and done.prefetch_served["saved_ms"] == 30.0
-    assert done.prefetch_served["waited"] is True
+    assert done.pending_kind == "model"
+    assert done.prefetch_served == PrefetchServed(step_id="r:1:retrieval", step_index=1, query="kafka compaction",
+                                                  saved_ms=30.0, waited=True)
 
     other = machine.advance(state, _reply(state, '{"action":"retrieve","query":"postgres vacuum tuning"}'), asked)
     (_, request), _ = machine.outputs(other, TOPICS)

@@ -1,4 +1,5 @@
-"""The consumer runtime (streams/runtime/runner.py) driven by an in-memory consumer and producer (tests/unit/fakes.py).
+"""The consumer runtime (streams/runtime/runner.py and its middlewares) driven by an in-memory consumer and
+producer (tests/unit/fakes.py).
 
 What is proved here, with no broker: records of one key are handled in order while other keys run
 concurrently (within ``concurrency``); a partition is paused while one of its records waits out an
@@ -37,15 +38,11 @@ from agentstream.streams.core.signals import Abandoned
 from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry
 from agentstream.streams.kafka.topics import Topics
-from agentstream.streams.runtime import runner as runtime_module
-from agentstream.streams.runtime.runner import (
-    SOURCE_HEADER,
-    Context,
-    RetryPolicy,
-    Runtime,
-    ServiceConfig,
-    ServiceRunner,
-)
+from agentstream.streams.runtime import failures, publisher, records, runner
+from agentstream.streams.runtime.headers import SOURCE_HEADER
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.runtime.records import Context, RetryPolicy, ServiceConfig
+from agentstream.streams.runtime.runner import ServiceRunner
 
 from .fakes import FakeConsumer, FakeKafka
 
@@ -63,21 +60,23 @@ def codec() -> Codec:
 def kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
     """Two partitions; the runtime's consumer and producer are the fake's."""
     kafka = FakeKafka(partitions=2)
-    monkeypatch.setattr(runtime_module, "AIOKafkaConsumer", kafka.consumer)
-    monkeypatch.setattr(runtime_module, "AIOKafkaProducer", kafka.producer)
+    monkeypatch.setattr(runner, "AIOKafkaConsumer", kafka.consumer)
+    monkeypatch.setattr(publisher, "AIOKafkaProducer", kafka.producer)
     return kafka
 
 
 @pytest.fixture(autouse=True)
 def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float, float]]:
-    """Every backoff the runtime asks for, as ``(attempt, base_s, cap_s)``; each waits 1 ms, no jitter."""
+    """Every backoff the runtime asks for, as ``(attempt, base_s, cap_s)``; each waits 1 ms, no jitter.
+    (Retries wait ``RetryPolicy.delay``, outage rounds ``PartitionHolds.sleep``.)"""
     calls: list[tuple[int, float, float]] = []
 
     def backoff(attempt: int, *, base_s: float, cap_s: float) -> float:
         calls.append((attempt, base_s, cap_s))
         return 0.001
 
-    monkeypatch.setattr(runtime_module, "backoff", backoff)
+    monkeypatch.setattr(records, "backoff", backoff)
+    monkeypatch.setattr(failures, "backoff", backoff)
     return calls
 
 

@@ -17,6 +17,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
+from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.core.errors import DecodeError, UnknownSchema
 from agentstream.streams.core.events import TaskSubmitted
 from agentstream.streams.kafka.codec import Codec
@@ -149,7 +150,7 @@ class _Msg:
 
 
 def _log(registry: LocalRegistry, records: list[tuple[bytes | None, bytes | None]], **kw: Any) -> SchemaLog:
-    log = SchemaLog("unused:9092", "t.agent.schemas", registry, **kw)
+    log = SchemaLog("unused:9092", "t.agent.schemas", registry, auth=KafkaAuth(), **kw)
     log._consumer = FakeConsumer(records)  # type: ignore[assignment]
     return log
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
+from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import TaskSubmitted, ToolCallRequested
@@ -24,7 +25,7 @@ class MemoryLog(SchemaLog):
     """The schemas topic as a list of (key, value) records, shared by the processes of a test."""
 
     def __init__(self, registry: LocalRegistry, records: list[tuple[bytes | None, bytes | None]]) -> None:
-        super().__init__("unused:9092", "t.agent.schemas", registry)
+        super().__init__("unused:9092", "t.agent.schemas", registry, auth=KafkaAuth())
         self.records = records
         self.fail: Exception | None = None
 

@@ -15,14 +15,10 @@ from agentstream import cli, demo
 from agentstream.deploy import values
 from agentstream.devstack import check, stack
 from agentstream.devstack.stack import StackStatus
-from agentstream.streams.config.settings import (
-    Settings,
-    StackPaths,
-    TelemetrySettings,
-    mask_url,
-    read_state,
-    write_state,
-)
+from agentstream.streams.config.masking import mask_url
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import StackPaths, read_state, write_state
+from agentstream.streams.config.telemetry import TelemetrySettings
 from agentstream.streams.core.errors import ConfigError
 
 SECRET = "s3cr%40t-Pw"  # percent-encoded, as a password with an @ must be in a URL

@@ -11,10 +11,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import generate_latest
 
 from agentstream.ops.top import parse, render, row, total
-from agentstream.streams.config.settings import AlertSettings, Settings, StackPaths, TelemetrySettings
+from agentstream.streams.config.alerts import AlertSettings
+from agentstream.streams.config.settings import Settings
+from agentstream.streams.config.stack_state import StackPaths
+from agentstream.streams.config.telemetry import TelemetrySettings
 from agentstream.streams.core.errors import ConfigError
 from agentstream.streams.core.events import InferenceRequested, Message
-from agentstream.streams.runtime.runner import Context, Record
+from agentstream.streams.runtime.records import Context, Record
 from agentstream.streams.telemetry import trace_context as header
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER, estimate_prompt_tokens, record_tokens
 from agentstream.streams.telemetry.http import MetricsServer
@@ -236,3 +239,33 @@ def test_top_computes_rates_between_two_scrapes():
     console.print(render([r, r]))
     text = console.export_text()
     assert "h:1" in text and "total" in text and "75%" in text
+
+
+def test_the_processes_tracing_is_an_object_not_module_globals():
+    """The process's tracing, stage clock and root-span hook live on explicit objects (``PROCESS``,
+    ``ROOTS``), handed down through the ``Runtime``: no module rebinds a global."""
+    import ast
+    import inspect
+
+    from agentstream.streams.telemetry import stages, trace_context, tracing
+
+    for module in (tracing, stages, trace_context):
+        tree = ast.parse(inspect.getsource(module))
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)], module.__name__
+
+
+def test_installing_tracing_makes_new_runs_root_spans(monkeypatch):
+    from agentstream.streams.telemetry import tracing as telemetry_tracing
+
+    monkeypatch.setattr(header, "ROOTS", header.RootSpans())
+    monkeypatch.setattr(telemetry_tracing, "PROCESS", telemetry_tracing.ProcessTracing())
+    memory = InMemorySpanExporter()
+    installed = Tracing(memory, batch=False)
+    telemetry_tracing.install(installed)
+    assert telemetry_tracing.tracing_for(TelemetrySettings()) is installed  # the first configuration wins
+    root = header.new_traceparent()
+    assert installed.claim_root(root) is not None  # a root span, waiting for its task to be sent
+    telemetry_tracing.install(None)
+    assert telemetry_tracing.process_tracing() is None
+    assert installed.claim_root(header.new_traceparent()) is None  # random ids again
+    installed.shutdown()

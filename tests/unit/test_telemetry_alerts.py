@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agentstream.services.alerts import rules
-from agentstream.streams.config.settings import AlertSettings
+from agentstream.streams.config.alerts import AlertSettings
 from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
 from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry

@@ -141,7 +141,7 @@ async def test_the_calculator_tool_refuses_the_bombs_through_either_path():
         assert await calculator.call({"expression": "2 ** (3 + 4)"}, ctx) == 128  # guarded, and served
         assert await calculator.call({"expression": "6 * 7"}, ctx) == 42  # inline
     finally:
-        builtin.calculator_guard().close()
+        builtin.CALCULATOR_GUARD.close()
 
 
 # -- the guard ----------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ async def test_a_child_that_dies_or_runs_out_of_memory_fails_only_its_call(guard
 async def test_the_calculator_stops_a_bomb_the_bounds_would_miss(monkeypatch):
     # Its guard, with the bounds taken out of the child: the timeout alone must hold.
     unbounded = ComputeGuard(__name__, workers=2, timeout_s=0.5)
-    monkeypatch.setattr(builtin, "_guard", unbounded)
+    monkeypatch.setattr(builtin, "CALCULATOR_GUARD", unbounded)
     ctx = ToolContext("r", "r:1:tool")
     try:
         assert await unbounded.call("echo", 1) == 1  # (a child has started: its start-up is not the tool's time)

@@ -16,6 +16,7 @@ from agentstream.devstack.process import free_port
 from agentstream.services.tools.builtin import BuiltinConfig, builtin_tools
 from agentstream.services.tools.registry import tool
 from agentstream.streams.catalog.tools import ToolCatalog, ToolInfo, current, judge, record_key, registration
+from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.core import resources
 from agentstream.streams.core.errors import DecodeError, ToolCatalogUnavailable
 from agentstream.streams.core.events import ToolRegistered
@@ -59,7 +60,7 @@ def test_a_registration_without_a_name_is_invalid(codec):
 
 
 async def test_an_unreachable_broker_is_a_catalogue_error_not_a_connection_error(codec):
-    catalog = ToolCatalog(f"127.0.0.1:{free_port()}", "agent.tools", codec, timeout_s=2)
+    catalog = ToolCatalog(f"127.0.0.1:{free_port()}", "agent.tools", codec, timeout_s=2, auth=KafkaAuth())
     with pytest.raises(ToolCatalogUnavailable, match="waiting for the broker") as info:
         await catalog.unknown(["calculator"])
     await catalog.close()

@@ -9,6 +9,8 @@ import pytest
 
 from agentstream.services import worker as worker_module
 from agentstream.services.worker import Worker, make_backend
+from agentstream.streams.config.identity import Identity
+from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import ConfigError
 
 
@@ -62,8 +64,9 @@ def test_trtllm_limits_from_options_then_environment(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv(name, value)
     seen: list[worker_module.WorkerOptions] = []
 
-    async def serve(names: list[str], options: worker_module.WorkerOptions) -> None:
+    async def serve(names: list[str], options: worker_module.WorkerOptions, settings: Settings) -> None:
         seen.append(options)
+        assert settings.identity == Identity(principal="inference")  # the command decides who the process is
 
     monkeypatch.setattr(worker_module, "serve", serve)
     result = CliRunner().invoke(cli.app, ["worker", "inference", "--backend", "trtllm", "--model", "m", *argv])
@@ -72,7 +75,7 @@ def test_trtllm_limits_from_options_then_environment(monkeypatch: pytest.MonkeyP
 
 
 def test_a_malformed_trtllm_setting_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentstream.streams.config.settings import TrtLlmSettings
+    from agentstream.streams.config.trtllm import TrtLlmSettings
 
     monkeypatch.setenv("AGENTSTREAM_TRTLLM_CHUNKED_PREFILL", "maybe")
     with pytest.raises(ConfigError, match="AGENTSTREAM_TRTLLM_CHUNKED_PREFILL='maybe' must be one of"):

@@ -28,7 +28,7 @@ import aiohttp
 
 from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.chat_stream import ChatStream
-from agentstream.streams.config.settings import mask_url
+from agentstream.streams.config.masking import mask_url
 from agentstream.streams.core.errors import BackendError
 
 log = logging.getLogger(__name__)

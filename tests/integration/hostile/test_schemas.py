@@ -8,7 +8,7 @@
 3. A flood of junk records with distinct keys, then a record with an unknown schema id, made an endless
    "outage" and one warning per junk record. Now the read resumes where it stopped and times out only on
    silence, and a read logs a few skipped records and one summary (the full-size flood, 2.5 M records,
-   is ``bench/schema_flood.py``).
+   is ``bench/chaos/schema_flood.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,121 @@
+"""``agentstream submit``, ``cancel`` and ``status``: a client's commands on runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from agentstream.cli.approvals import OPERATOR_READER
+from agentstream.cli.common import console, err, short
+
+
+def submit(
+    task: str = typer.Argument(..., help="What the agent should do."),
+    tools: str = typer.Option(None, help="Comma-separated tools the run may call (default: all registered)."),
+    max_steps: int = typer.Option(8, help="Most steps (model, tool and retrieval) the run may take."),
+    deadline: float = typer.Option(None, help="Seconds from now after which the run fails."),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the outcome and print it."),
+    follow: bool = typer.Option(False, "--follow", help="Print the model's tokens as they are generated."),
+    timeout: float = typer.Option(300.0, help="Seconds --wait waits."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Publish a task to agent.tasks (refused with a clear message if it is invalid)."""
+    import asyncio
+
+    from agentstream.streams.client.agent_client import AgentClient
+
+    async def go() -> dict:
+        async with AgentClient() as client:
+            run_id = await client.submit(task, tools=tools.split(",") if tools else None, max_steps=max_steps,
+                                         deadline=deadline)
+            if follow:
+                console.print(f"run [bold]{run_id}[/bold]")
+                step = None
+                async for token in client.stream(run_id):
+                    if token.step_id != step:
+                        step = token.step_id
+                        console.print(f"\n[dim]{step}[/dim] ", end="")
+                    console.print(token.text, end="", markup=False, highlight=False)
+                console.print()
+            if not (wait or follow):
+                return {"run_id": run_id}
+            result = await client.wait(run_id, timeout=timeout)
+            return {"run_id": run_id, "status": result.status, "answer": result.answer,
+                    "error_code": result.error_code, "error": result.error, "steps": result.steps,
+                    "duration_ms": round(result.duration_ms, 1), "_status": await client.status(run_id)}
+
+    out = asyncio.run(go())
+    details = out.pop("_status", None)
+    if as_json:
+        print(json.dumps(out))
+    else:
+        if not follow:
+            console.print(f"run [bold]{out['run_id']}[/bold]")
+        if details:
+            print_run(details)
+    if (wait or follow) and out.get("status") != "completed":
+        raise typer.Exit(1)
+
+
+def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with the run).")) -> None:
+    """Stop a run: it fails with error_code 'cancelled' and a generation in progress is aborted."""
+    import asyncio
+
+    from agentstream.streams.client.agent_client import AgentClient
+
+    async def go() -> None:
+        async with AgentClient() as client:
+            await client.cancel(run_id, reason)
+
+    asyncio.run(go())
+    console.print(f"cancellation of {run_id} requested")
+
+
+def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+           operator: bool = typer.Option(False, "--operator", help="Read as the operator's reader: any cell's "
+                                                                   "run (local secure stack; docs/security.md).")
+           ) -> None:
+    """A run's status and steps (from PostgreSQL; a client's login sees its own cell's runs only)."""
+    import asyncio
+
+    from agentstream.streams.client.agent_client import AgentClient
+    from agentstream.streams.config.identity import Identity
+    from agentstream.streams.config.settings import Settings
+
+    identity = Identity(database_login=OPERATOR_READER) if operator else Identity()
+
+    async def go() -> Mapping[str, Any] | None:
+        async with AgentClient(Settings.load(identity=identity)) as client:
+            return await client.status(run_id)
+
+    details = asyncio.run(go())
+    if details is None:
+        err.print(f"[red]error:[/red] no run {escape(run_id)}" + ("" if operator else " that this login may read "
+                                                                  "(--operator: any cell's)"), soft_wrap=True)
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(details, default=str))
+    else:
+        print_run(details)
+
+
+def print_run(details: Mapping[str, Any]) -> None:
+    """The run's steps as a table, then its answer or error."""
+    table = Table("#", "kind", "status", "request", "result", "ms", title=f"{details['run_id']} · {details['status']}")
+    for step in details["steps"]:
+        ms = ""
+        if step["completed_at"] and step["requested_at"]:
+            ms = f"{(step['completed_at'] - step['requested_at']).total_seconds() * 1000:.0f}"
+        table.add_row(str(step["step_index"]), step["kind"], step["status"], short(step["request"]),
+                      short(step["result"] if step["error"] is None else {"error": step["error"]}), ms)
+    console.print(table)
+    if details["status"] == "completed":
+        console.print(f"[green]answer:[/green] {details['answer']}")
+    elif details["status"] == "failed":
+        console.print(f"[red]failed ({details['error_code']}):[/red] {details['error']}")
+

@@ -1,0 +1,94 @@
+"""Admission: whether a task becomes a run that works or one that fails at once, and the quotas that
+limit a pipeline's runs (``Settings.quotas``: a tenant's cell).
+
+A task is refused (``invalid_task``) when it breaks the rules ``submit`` applies (streams/core/task_rules.py:
+the same rules guard against tasks published by other means) or names tools the catalogue does not know,
+and when its run id is taken by another pipeline's run. A task over a quota fails with ``quota_exceeded``;
+so does a run whose tokens pass ``tokens_per_run``. A refused task is still recorded and answered with a
+``RunFailed``: its producer is waiting for an outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+from agentstream.services.planner import machine
+from agentstream.services.planner.state import TERMINAL, RunState
+from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.core import task_rules
+from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.store.history import TransitionStore
+from agentstream.streams.telemetry import stages
+
+
+class Admission:
+    """Decides a task's first state; ``max_run``: how long any run may last after it started."""
+
+    def __init__(self, runtime: Runtime, store: TransitionStore, tools: ToolCatalog, max_run: timedelta) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.tools = tools
+        self.max_run = max_run
+
+    async def start(self, task: TaskSubmitted, now: datetime) -> RunState:
+        """The run ``task`` starts: asking the model, or failed (``invalid_task``, ``quota_exceeded``,
+        ``deadline_exceeded`` for a deadline already past)."""
+        checking = time.perf_counter()
+        problem = await self.task_problem(task, now)
+        tools = await self.tools.describe(task.tools) if problem is None else []
+        if (clock := stages.clock()) is not None:
+            clock.since("planner.task_checks", checking)
+        state = machine.start(task, tools, now, self.max_run)
+        over = await self.over_quota(task) if problem is None else None
+        if problem is not None:
+            state = machine.fail(state, now, "invalid_task", problem)
+        elif over is not None:
+            state = machine.fail(state, now, "quota_exceeded", over)
+        elif task.deadline is not None and task.deadline <= now:
+            state = machine.expire(state, now) or state
+        return state
+
+    def taken(self, task: TaskSubmitted, now: datetime) -> RunState:
+        """The failed state that answers ``task`` when its run id belongs to another pipeline's run (not
+        recorded: the row is the other pipeline's)."""
+        return machine.fail(machine.start(task, [], now, self.max_run), now, "invalid_task",
+                            f"the run id {task.run_id!r} is taken by a run of another cell; submit under "
+                            "another run id")
+
+    async def task_problem(self, task: TaskSubmitted, now: datetime) -> str | None:
+        """Submit refuses bad tasks; the same rules (streams/core/task_rules.py) guard against tasks published
+        by other means. A deadline that passed is not a problem of the task: the run fails as late."""
+        problem = (task_rules.event_id_problem(task.event_id)
+                   or task_rules.task_problem(task=task.task, tools=task.tools, max_steps=task.max_steps,
+                                              deadline=None, model=task.model, system_prompt=task.system_prompt,
+                                              metadata=task.metadata, on_tool_error=task.on_tool_error,
+                                              prefetch=task.prefetch, now=now))
+        if problem:
+            return problem
+        unknown = await self.tools.unknown(task.tools)
+        if unknown:
+            return f"unknown tools: {', '.join(unknown)}"
+        return None
+
+    async def over_quota(self, task: TaskSubmitted) -> str | None:
+        """Why this pipeline's quotas refuse ``task`` (``Settings.quotas``), or None."""
+        quotas = self.runtime.settings.quotas
+        if quotas.max_steps is not None and task.max_steps > quotas.max_steps:
+            return f"max_steps {task.max_steps} is over the quota of {quotas.max_steps}"
+        if quotas.runs_in_flight is not None:
+            active = await self.store.active_count(self.runtime.topics.prefix)
+            if active >= quotas.runs_in_flight:
+                return f"{active} runs are in flight, the quota is {quotas.runs_in_flight}"
+        return None
+
+    def charge_tokens(self, state: RunState) -> RunState:
+        """``state`` after a step, failed with ``quota_exceeded`` if the run's tokens are now over the
+        pipeline's ``tokens_per_run``."""
+        limit = self.runtime.settings.quotas.tokens_per_run
+        used = state.prompt_tokens + state.completion_tokens
+        if limit is not None and state.status not in TERMINAL and used > limit:
+            return machine.fail(state, datetime.now(UTC), "quota_exceeded",
+                                f"the run used {used} tokens, over the quota of {limit} per run")
+        return state
