@@ -83,6 +83,8 @@ def _delete_namespaces(prefix: str) -> None:
 class TestNetwork:
     """The orchestrator's handle: starts the emulator, knows each host's address, sets delays."""
 
+    __test__ = False  # a name pytest would otherwise try to collect where a test imports it
+
     names: list[str]
     prefix: str = "as"
     #: The first three octets of the /24 (two networks at once need two prefixes and two subnets).

@@ -4,7 +4,7 @@ Anyone who can write to ``agent.tool.requests`` can publish a ``ToolCallRequeste
 (the run's tools, approvals) are worth nothing if the tool service runs whatever arrives. So before a
 call runs, the tool service checks it against the run's record in PostgreSQL — the planner's state row
 (``runs.state``, services/planner/state.py), which the planner commits *before* it publishes a tool
-request (services/planner/service.py: tool calls are not ``EARLY``). A call is run only if:
+request (services/planner/publishing.py: tool calls are not ``EARLY``). A call is run only if:
 
 - its run exists, belongs to this pipeline (the state's ``topic_prefix``) and has not ended (completed,
   failed, cancelled: a cancelled run is ``failed`` with error code ``cancelled``);
