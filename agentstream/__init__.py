@@ -25,11 +25,11 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 _EXPORTS: dict[str, str] = {
     # the client and what it returns
     "AgentClient": "agentstream.streams.client.agent_client",
-    "TokenEvent": "agentstream.streams.client.agent_client",
+    "TokenEvent": "agentstream.streams.client.views",
     "RunResult": "agentstream.streams.client.outcomes",
-    "RunDetails": "agentstream.streams.client.agent_client",
-    "StepDetails": "agentstream.streams.client.agent_client",
-    "RecordedEvent": "agentstream.streams.client.agent_client",
+    "RunDetails": "agentstream.streams.client.views",
+    "StepDetails": "agentstream.streams.client.views",
+    "RecordedEvent": "agentstream.streams.client.views",
     "RunStatus": "agentstream.streams.core.kinds",
     "StepKind": "agentstream.streams.core.kinds",
     "Settings": "agentstream.streams.config.settings",
@@ -141,14 +141,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same at run time
     from agentstream.services.tools.registry import ToolContext, tool
-    from agentstream.streams.client.agent_client import (
-        AgentClient,
-        RecordedEvent,
-        RunDetails,
-        StepDetails,
-        TokenEvent,
-    )
+    from agentstream.streams.client.agent_client import AgentClient
     from agentstream.streams.client.outcomes import RunResult
+    from agentstream.streams.client.views import RecordedEvent, RunDetails, StepDetails, TokenEvent
     from agentstream.streams.config.settings import Settings
     from agentstream.streams.core.errors import (
         AgentStreamError,

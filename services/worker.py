@@ -33,7 +33,8 @@ from agentstream.streams.core.events import default_instance
 from agentstream.streams.core.outages import DATABASE, wait_out
 from agentstream.streams.kafka.claims import ClaimStore
 from agentstream.streams.kafka.codec import codec_for
-from agentstream.streams.kafka.topics import Topics, ensure_topics, wait_for_group_coordinator
+from agentstream.streams.kafka.topic_admin import ensure_topics, wait_for_group_coordinator
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.runtime.publisher import Runtime
 from agentstream.streams.runtime.runner import ServiceRunner, run_services
 from agentstream.streams.store import db, migrations

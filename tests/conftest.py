@@ -28,7 +28,8 @@ from agentstream.devstack.kafka import wait_for_metadata
 from agentstream.devstack.process import free_port
 from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.config.stack_state import StackPaths
-from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import TopicSpec
 from agentstream.streams.store import migrations
 
 KAFKA_IMAGE = "apache/kafka:4.0.2"

@@ -2,7 +2,7 @@
 
 One module per group of commands: ``run`` (submit, cancel, status), ``approvals`` (approve, deny,
 approvals), ``ingest``, ``worker`` (worker, alerts, migrate), ``ops`` (top, acls), ``demo``, and the
-sub-commands ``dev``, ``replay``, ``dlq``, ``contract`` and ``deploy``; ``common`` holds what they share.
+sub-commands ``dev``, ``replay``, ``dlq``, ``session``, ``contract`` and ``deploy``; ``common`` holds what they share.
 A command that runs a process decides who that process is (its ``Identity``: Kafka principal and
 database login) and loads its settings with it; nothing else does.
 """
@@ -14,7 +14,20 @@ import sys
 import typer
 from rich.markup import escape
 
-from agentstream.cli import approvals, contract, demo, deploy, dev, dlq, ingest, ops, replay, run, worker
+from agentstream.cli import (
+    approvals,
+    contract,
+    demo,
+    deploy,
+    dev,
+    dlq,
+    ingest,
+    ops,
+    replay,
+    run,
+    session,
+    worker,
+)
 from agentstream.cli.common import err
 from agentstream.streams.core.errors import AgentStreamError
 from agentstream.streams.core.extras import missing_extra
@@ -28,6 +41,7 @@ for command in (run.submit, approvals.approve, approvals.deny, approvals.approva
 app.add_typer(dev.app, name="dev")
 app.add_typer(replay.app, name="replay")
 app.add_typer(dlq.app, name="dlq")
+app.add_typer(session.app, name="session")
 app.add_typer(contract.app, name="contract")
 app.add_typer(deploy.app, name="deploy")
 

@@ -104,7 +104,7 @@ def print_timeline(tl) -> None:
             result = f"{len(r.get('passages') or [])} passages"
         timing = "/".join(_ms(v) or "-" for v in (s.queue_ms, s.compute_ms, s.transport_ms))
         shown = f"[red]{escape(_short(s.error))}[/red]" if s.error else escape(_short(result or "", 80))
-        table.add_row(str(s.index), f"{s.kind} [dim]({s.service}, {s.status})[/dim]", timing, usage,
+        table.add_row(str(s.index), f"{escape(s.label.partition(' ')[2])} [dim]({s.service}, {s.status})[/dim]", timing, usage,
                       f"{escape(_short(request, 60))} → {shown}")
     console.print(table)
     b = tl.budget()

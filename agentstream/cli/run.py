@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -23,16 +24,34 @@ def submit(
     follow: bool = typer.Option(False, "--follow", help="Print the model's tokens as they are generated."),
     timeout: float = typer.Option(300.0, help="Seconds --wait waits."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    output_schema: str = typer.Option(None, "--output-schema", metavar="FILE|JSON",
+                                      help="A JSON Schema the answer must match (a file, or the JSON itself); "
+                                           "the outcome's output is then that JSON."),
+    max_tokens: int = typer.Option(None, help="Most tokens per model step (default: AGENTSTREAM_MODEL_MAX_TOKENS, "
+                                              "256)."),
+    temperature: float = typer.Option(None, help="Sampling temperature, 0 to 2 (default 0)."),
+    top_p: float = typer.Option(None, help="Nucleus sampling, above 0 and at most 1 (default: the engine's)."),
+    stop: list[str] = typer.Option(None, help="A string that ends a model step's output (repeat for up to 4)."),
+    seed: int = typer.Option(None, help="Sampling seed (default: the engine's)."),
+    session: str = typer.Option(None, "--session", help="Make the task a turn of this conversation (new if unknown): "
+                                                        "it sees the session's earlier turns and runs after them."),
+    tool_calling: str = typer.Option(None, "--tool-calling", metavar="native|json",
+                                     help="How the model calls tools: json actions, or the engine's native tool "
+                                          "calling (default: AGENTSTREAM_TOOL_CALLING, json)."),
 ) -> None:
     """Publish a task to agent.tasks (refused with a clear message if it is invalid)."""
     import asyncio
 
     from agentstream.streams.client.agent_client import AgentClient
 
+    schema = _schema_option(output_schema)
+
     async def go() -> dict:
         async with AgentClient() as client:
             run_id = await client.submit(task, tools=tools.split(",") if tools else None, max_steps=max_steps,
-                                         deadline=deadline)
+                                         deadline=deadline, output_schema=schema, max_tokens=max_tokens,
+                                         temperature=temperature, top_p=top_p, stop=stop or None, seed=seed,
+                                         session=session, tool_calling=tool_calling)
             if follow:
                 console.print(f"run [bold]{run_id}[/bold]")
                 step = None
@@ -45,7 +64,7 @@ def submit(
             if not (wait or follow):
                 return {"run_id": run_id}
             result = await client.wait(run_id, timeout=timeout)
-            return {"run_id": run_id, "status": result.status, "answer": result.answer,
+            return {"run_id": run_id, "status": result.status, "answer": result.answer, "output": result.output,
                     "error_code": result.error_code, "error": result.error, "steps": result.steps,
                     "duration_ms": round(result.duration_ms, 1), "_status": await client.status(run_id)}
 
@@ -60,6 +79,19 @@ def submit(
             print_run(details)
     if (wait or follow) and out.get("status") != "completed":
         raise typer.Exit(1)
+
+
+def _schema_option(value: str | None) -> str | None:
+    """``--output-schema``: the text of a file of that name, else the value itself, which must then be JSON
+    (whether it is valid JSON Schema is the task rules' to say, as for any client)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if not value.lstrip().startswith("{"):
+        raise typer.BadParameter(f"no file {value!r}, and not a JSON object", param_hint="--output-schema")
+    return value
 
 
 def cancel(run_id: str, reason: str = typer.Option("", help="Why (recorded with the run).")) -> None:

@@ -14,7 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import TopicSpec
 from agentstream.streams.store import db
 
 

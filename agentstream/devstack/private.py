@@ -51,7 +51,8 @@ from agentstream.streams.config.stack_state import (
     write_state,
 )
 from agentstream.streams.core.errors import StackError
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.store import migrations
 
 _SHARED_PORTS = frozenset({DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT + 1, DEFAULT_POSTGRES_PORT})

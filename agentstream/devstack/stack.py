@@ -44,7 +44,8 @@ from agentstream.streams.config.stack_state import (
     write_state,
 )
 from agentstream.streams.core.errors import StackError
-from agentstream.streams.kafka.topics import Topics, ensure_topics, wait_for_group_coordinator
+from agentstream.streams.kafka.topic_admin import ensure_topics, wait_for_group_coordinator
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.store import migrations
 
 

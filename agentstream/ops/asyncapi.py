@@ -25,11 +25,12 @@ from agentstream.streams.core.events import (
     ClaimCheck,
     Event,
     InferenceRequested,
+    TaskSubmitted,
 )
 from agentstream.streams.kafka.channels import CHANNELS, GROUPED, PARTIES, ChannelSpec
 from agentstream.streams.kafka.registry import LocalRegistry, full_name, schema_id
 from agentstream.streams.kafka.topics import Topics
-from agentstream.streams.runtime.headers import ROUTED_HEADER, SOURCE_HEADER, TYPE_HEADER
+from agentstream.streams.runtime.headers import ROUTED_HEADER, SESSION_HEADER, SOURCE_HEADER, TYPE_HEADER
 from agentstream.streams.telemetry import trace_context as tracing
 from agentstream.streams.telemetry.backlog import PROMPT_TOKENS_HEADER
 
@@ -58,6 +59,9 @@ HEADERS: dict[str, str] = {
                    "forwarded a record that was on another partition than its run's, or not keyed by its run id.",
     REDRIVE_HEADER: "`dlq topic:partition:offset` of the dead letter this record was re-driven from "
                     "(`agentstream dlq redrive`).",
+    SESSION_HEADER: "On a TaskSubmitted that is a turn of a session: the session id. Optional: with it the planner "
+                    "admits the session's turns strictly in their order on the partition, a retried one included; "
+                    "without it, in the order their handling reaches the session.",
 }
 
 
@@ -67,6 +71,8 @@ def _message_headers(spec: ChannelSpec, event: type[Event]) -> dict[str, Any]:
         names.append(SOURCE_HEADER)
     if event is InferenceRequested:
         names.append(PROMPT_TOKENS_HEADER)
+    if event is TaskSubmitted:
+        names.append(SESSION_HEADER)
     if spec.routed:
         names.append(ROUTED_HEADER)
     if spec.redrivable:

@@ -83,6 +83,10 @@ def gantt(tl: Timeline) -> str:
             attrs, top, h = f'fill="{colour}" fill-opacity="0.35"', y + 8, LANE_H - 18
         else:  # compute, planner
             attrs, top, h = f'fill="{colour}"', y + 8, LANE_H - 18
+        if s.row is not None and s.kind != "transport":  # calls made side by side: one row each
+            k, n = s.row
+            h = max(2, (LANE_H - 18) // max(1, n))
+            top = y + 8 + k * h
         step = f' data-step="{s.step}"' if s.step is not None else ""
         parts.append(f'<rect class="bar {s.kind}"{step} x="{x:.2f}" y="{top}" width="{w:.2f}" height="{h}" {attrs}>'
                      f'<title>{escape(s.label)} · {s.kind} {s.end_ms - s.start_ms:.1f} ms '
@@ -129,7 +133,7 @@ def _steps(tl: Timeline) -> str:
         ttft = _fmt(s.usage("ttft_ms")) if s.kind == "model" else ""
         status = f'<span class="{"ok" if s.status == "completed" else "bad"}">{escape(s.status)}</span>'
         shown = f'<span class="bad">{escape(s.error)}</span>' if s.error else escape(result)
-        rows.append(f'<tr id="step-{s.index}"><td class="n">{s.index}</td><td>{escape(s.kind)}</td>'
+        rows.append(f'<tr id="step-{s.index}"><td class="n">{s.index}</td><td>{escape(s.label.partition(" ")[2])}</td>'
                     f'<td>{s.service}</td><td>{status}</td><td class="n">{_fmt(s.queue_ms)}</td>'
                     f'<td class="n">{_fmt(s.compute_ms)}</td><td class="n">{_fmt(s.transport_ms)}</td>'
                     f'<td class="n">{tokens}</td><td class="n">{ttft}</td><td class="wrap mono">{escape(request)}</td>'

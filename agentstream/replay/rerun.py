@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -39,10 +40,12 @@ from agentstream.streams.client.outcomes import RunResult
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import ReplayError
 from agentstream.streams.core.events import TaskSubmitted, new_run_id
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.replay import timeline
 from agentstream.streams.replay.diff import RunDiff, WindowReport, diff_runs, window_report
 from agentstream.streams.replay.records import Timeline, ms
+from agentstream.streams.runtime.headers import SESSION_HEADER
 from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger(__name__)
@@ -217,11 +220,15 @@ class ReplaySession:
             raise ReplayError(f"run {original} has not finished (it is {orig.run['status']}); replay it once it has")
         recording = await Recording.load(pool, original)
         await self._copy_tools(original)
-        event = self._task_event(new_run_id(), orig, overrides or Overrides())
+        session = orig.task.get("session")  # a turn of a session: its run id on the session's partition
+        run_id = Topics.of(self.settings).run_id_for_session(session) if session else new_run_id()
+        event = self._task_event(run_id, orig, overrides or Overrides())
         if self.responder is not None:
             self.responder.expect(event.run_id, recording, live_from=from_step)
-        await (await self.client.runtime.send(self.client.topics.tasks, event,
-                                              headers=[(tracing.HEADER, tracing.new_traceparent().encode())]))
+        headers = [(tracing.HEADER, tracing.new_traceparent().encode())]
+        if session:
+            headers.append((SESSION_HEADER, session.encode()))
+        await (await self.client.runtime.send(self.client.topics.tasks, event, headers=headers))
         return event.run_id, recording, orig
 
     async def _copy_tools(self, original: str) -> None:
@@ -258,7 +265,8 @@ class ReplaySession:
 
     def _task_event(self, run_id: str, orig: Timeline, o: Overrides) -> TaskSubmitted:
         """The original TaskSubmitted (from its recorded payload), with the overrides and ``replay_of``.
-        A deadline keeps its distance from submission."""
+        A deadline keeps its distance from submission. A turn of a session keeps its session: the planner
+        begins it from the transcript recorded with the original (services/planner/sessions.py)."""
         task = orig.task
         deadline = None
         if task.get("deadline"):
@@ -272,7 +280,10 @@ class ReplaySession:
             model=o.model if o.model is not None else task.get("model"),
             system_prompt=o.system_prompt if o.system_prompt is not None else task.get("system_prompt"),
             metadata=metadata, prefetch=bool(task.get("prefetch", True)),
-            on_tool_error=task.get("on_tool_error") or "tell_model", replay_of=orig.run["run_id"])
+            on_tool_error=task.get("on_tool_error") or "tell_model", replay_of=orig.run["run_id"],
+            output_schema=task.get("output_schema"), max_tokens=task.get("max_tokens"),
+            temperature=task.get("temperature"), top_p=task.get("top_p"), stop=list(task.get("stop") or []),
+            seed=task.get("seed"), session=task.get("session"))
 
     async def _approve(self, run_id: str, recording: Recording, every_s: float = 0.05) -> None:
         """Give the replayed run the approvals the original got (deny what has no recorded decision)."""
@@ -280,16 +291,23 @@ class ReplaySession:
         decided: set[str] = set()
         while True:
             await asyncio.sleep(every_s)
-            step = await self.worker.pool.fetchval(
-                "SELECT state->>'pending_step_id' FROM runs WHERE run_id = $1 AND status = 'awaiting_approval'",
-                run_id)
-            if step is None or step in decided:
-                continue
-            decided.add(step)
-            index, _ = parse_step(run_id, step)
-            approved, reason, by = recording.approvals.get(index, (False, "replay: no recorded decision", "replay"))
-            decide = self.client.approve if approved else self.client.deny
-            await decide(run_id, step, reason=reason, by=f"replay ({by})")
+            # The run's pending call, or the calls of its fan-out that wait (several tool calls of one reply).
+            steps = await self.worker.pool.fetchval(
+                """SELECT CASE WHEN state->>'pending_kind' = 'tools'
+                               THEN jsonb_path_query_array(state->'pending_request',
+                                                           '$.calls[*] ? (@.awaiting_approval == true).step_id')
+                               WHEN status = 'awaiting_approval' THEN jsonb_build_array(state->'pending_step_id')
+                          END::text
+                   FROM runs WHERE run_id = $1 AND status IN ('running', 'awaiting_approval')""", run_id)
+            for step in json.loads(steps or "[]"):
+                if step in decided:
+                    continue
+                decided.add(step)
+                index, _ = parse_step(run_id, step)
+                approved, reason, by = recording.approvals.get(index, (False, "replay: no recorded decision",
+                                                                       "replay"))
+                decide = self.client.approve if approved else self.client.deny
+                await decide(run_id, step, reason=reason, by=f"replay ({by})")
 
 
 async def create_topics(settings: Settings, *, within_s: float = 15.0) -> None:

@@ -62,6 +62,8 @@ class InMemoryDatabase:
     tool_calls: dict[str, ToolCallRow] = field(default_factory=dict)
     #: Steps their runs recorded as done: step id -> (run id, tool, arguments).
     steps: dict[str, tuple[str, str, Any]] = field(default_factory=dict)
+    #: Steps their runs requested (``expect``): step id -> (run id, tool, arguments).
+    requested: dict[str, tuple[str, str, Any]] = field(default_factory=dict)
     #: While set, every statement fails as a refused connection (an outage).
     down: bool = False
     #: Every statement run, in order: (the statement, whitespace folded; its arguments).
@@ -79,12 +81,36 @@ class InMemoryDatabase:
         except json.JSONDecodeError:
             arguments = call.arguments
         request: dict[str, Any] = {"tool": call.tool, "arguments": arguments}
+        self.requested[call.step_id] = (call.run_id, call.tool, arguments)
         if approved_by is not None:
             request["approved_by"] = approved_by
         run = self.runs[call.run_id] = RunRow(call.run_id, status, state={
             "topic_prefix": topic_prefix, "tools": list(tools if tools is not None else [call.tool]),
             "approval_tools": list(approval_tools), "pending_step_id": call.step_id, "pending_kind": "tool",
             "pending_request": request})
+        return run
+
+    def expect_fanout(self, calls: Iterable[ToolCallRequested], *, awaiting: Iterable[str] = (),
+                      done: Iterable[str] = (), tools: Iterable[str] | None = None,
+                      approval_tools: Iterable[str] = (), topic_prefix: str = "") -> RunRow:
+        """Record ``calls`` (of one run) as the planner records a fan-out before it publishes it: the
+        run's pending step is the batch (services/planner/fanout.py); the step ids in ``awaiting`` wait
+        for a person, those in ``done`` were answered."""
+        calls = list(calls)
+        waiting, answered = set(awaiting), set(done)
+        entries = []
+        for call in calls:
+            entry: dict[str, Any] = {"step_id": call.step_id, "tool": call.tool, "arguments": json.loads(call.arguments)}
+            if call.step_id in waiting:
+                entry["awaiting_approval"] = True
+            if call.step_id in answered:
+                entry["done"] = True
+            entries.append(entry)
+        run_id = calls[0].run_id
+        run = self.runs[run_id] = RunRow(run_id, "running", state={
+            "topic_prefix": topic_prefix, "tools": list(tools if tools is not None else {c.tool for c in calls}),
+            "approval_tools": list(approval_tools), "pending_step_id": f"{calls[0].step_id}s",
+            "pending_kind": "tools", "pending_request": {"asked_by": "", "calls": entries, "send": []}})
         return run
 
     def step_done(self, call: ToolCallRequested) -> None:
@@ -125,8 +151,9 @@ class InMemoryDatabase:
             row = self.tool_calls.get(args[0])
             return None if row is None else _earlier(row, _json(args[1]))
         if statement == tool_calls._ANSWERED:
-            step_id, run_id, tool, arguments = args
-            return self.steps.get(step_id) == (run_id, tool, json.loads(arguments))
+            step_id, run_id, tool, arguments, or_requested = args
+            found = (run_id, tool, json.loads(arguments))
+            return self.steps.get(step_id) == found or (or_requested and self.requested.get(step_id) == found)
         if folded == "SELECT 1":
             return 1
         if folded.startswith(_ATTEMPTS):
@@ -176,11 +203,11 @@ def _verdict(run: RunRow | None, step_id: str, tool: str, arguments: Any, prefix
         return "run_finished"
     if tool not in (state.get("tools") or ()):
         return "tool_not_allowed"
-    if state.get("pending_step_id") != step_id or state.get("pending_kind") != "tool":
+    request = _pending_call(state, step_id)
+    if request is None or "done" in request:
         return "not_pending"
-    if run.status == "awaiting_approval":
+    if "awaiting_approval" in request or (run.status == "awaiting_approval" and state.get("pending_kind") == "tool"):
         return "awaiting_approval"
-    request = state.get("pending_request") or {}
     if request.get("tool") != tool or request.get("arguments", _NULL) != arguments:
         return "not_as_requested"
     if "approved_by" in request:
@@ -188,6 +215,16 @@ def _verdict(run: RunRow | None, step_id: str, tool: str, arguments: Any, prefix
     if tool in (state.get("approval_tools") or ()):
         return "not_approved"
     return "approval_required" if requires_approval else None
+
+
+def _pending_call(state: dict[str, Any], step_id: str) -> dict[str, Any] | None:
+    """The run's pending call with this step id: its one pending tool call, or a call of its fan-out."""
+    request = state.get("pending_request") or {}
+    if state.get("pending_kind") == "tools":
+        return next((c for c in request.get("calls", ()) if c.get("step_id") == step_id), None)
+    if state.get("pending_kind") == "tool" and state.get("pending_step_id") == step_id:
+        return request
+    return None
 
 
 def _earlier(row: ToolCallRow, arguments: Any) -> dict[str, Any]:

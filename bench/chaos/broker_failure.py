@@ -56,7 +56,8 @@ from agentstream.devstack.private import PrivateStack
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.masking import mask_url
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from bench.chaos.chaos_procs import groups_ready, terminate_all
 from bench.chaos.chaos_tools import CREATE_EFFECTS_TABLE, EFFECTS_TABLE
 

@@ -287,7 +287,8 @@ class Suite:
         """The JSON object: the counts first, then the evidence behind them."""
         c, started = report.counts, phase["started"]
         invariants_hold = (c["lost"] == c["stuck"] == c["duplicated_effects"] == c["duplicated_events"]
-                           == c["snapshot_regressions"] == c["dead_letters"] == c["failed_without_reason"] == 0)
+                           == c["snapshot_regressions"] == c["dead_letters"] == c["failed_without_reason"]
+                           == c["session_violations"] == 0)
         fault_errors = [f"{f.label}: {f.error}" for f in faults if f.error]
         ordered = sorted(faults, key=lambda f: f.started)
         during = report.details.pop("completed_during_fault")

@@ -27,6 +27,9 @@ keys of ``bench/chaos/chaos.py``):
 - **dead_letters**: letters on ``agent.dlq`` whose source (topic, partition, offset) is not an injected
   poison record and whose run is not a poison run (letters about records *derived* from poison, e.g.
   a request the planner built from a poison task, are listed apart as ``poison_derived_dead_letters``);
+- **session_violations**: sessions (the ``session`` kind's conversations) whose transcript is not exactly
+  their completed turns, each once, in their order on the session's partition (the oldest beyond the
+  token budget dropped): a turn lost, applied twice or reordered;
 - **recovery_s** of a fault: from its end to the first completion of a suite run read after it (with
   overlapping faults, as in ``--quick``, it runs to the end of the whole overlapping stretch).
 """
@@ -109,6 +112,9 @@ class Evidence:
     effects: list[asyncpg.Record]
     event_dupes: list[asyncpg.Record]
     history_rows: int = 0  # rows of the events history for the suite's runs (the dupes' denominator)
+    #: Each session's transcript (run ids, oldest first) and turns dropped for its budget; each turn's place.
+    sessions: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    seqs: dict[str, int] = field(default_factory=dict)
 
 
 async def gather_evidence(bootstrap: str, database_url: str, topics: Topics, codec: Codec,
@@ -128,9 +134,14 @@ async def gather_evidence(bootstrap: str, database_url: str, topics: Topics, cod
             "SELECT run_id, step_id, event_type, count(*) AS n FROM events WHERE run_id = ANY($1) "
             "GROUP BY run_id, step_id, event_type HAVING count(*) > 1", run_ids)
         history_rows = await conn.fetchval("SELECT count(*) FROM events WHERE run_id = ANY($1)", run_ids)
+        sessions = {r["session_id"]: ([t["run_id"] for t in json.loads(r["turns"])], r["dropped"]) for r in await conn.fetch(
+            "SELECT session_id, turns::text AS turns, dropped FROM sessions WHERE prefix = $1", topics.prefix)}
+        seqs = {r["run_id"]: r["seq"] for r in await conn.fetch(
+            "SELECT run_id, coalesce((state->>'session_seq')::bigint, 0) AS seq FROM runs WHERE run_id = ANY($1) "
+            "AND state ? 'session'", run_ids)}
     finally:
         await conn.close()
-    return Evidence(outcomes, snapshots, letters, rows, effects, event_dupes, history_rows)
+    return Evidence(outcomes, snapshots, letters, rows, effects, event_dupes, history_rows, sessions, seqs)
 
 
 @dataclass
@@ -231,6 +242,28 @@ def effect_checks(runs: list[SubmittedRun], verdicts: list[RunVerdict], evidence
     return {"duplicated": duplicated, "examples": examples, "completed_runs_missing_effects": missing}
 
 
+def session_checks(verdicts: list[RunVerdict], evidence: Evidence) -> dict[str, Any]:
+    """Each session's transcript against its turns: every completed turn in it once, none that did not
+    complete, in their order on the session's partition (``session_seq``; the oldest beyond the token
+    budget dropped). A violation is a turn lost, doubled or reordered across the faults."""
+    completed: dict[str, list[str]] = defaultdict(list)
+    for v in verdicts:
+        if v.run.session is not None and v.status == "completed":
+            completed[v.run.session].append(v.run.run_id)
+    known = {v.run.run_id for v in verdicts}
+    violations = []
+    for session, turns in completed.items():
+        expected = sorted(turns, key=lambda r: evidence.seqs.get(r, -1))
+        transcript, dropped = evidence.sessions.get(session, ([], 0))
+        kept = [r for r in transcript if r in known]  # the baseline's turn (not judged) may be there too
+        if (len(set(transcript)) != len(transcript) or kept != expected[len(expected) - len(kept):]
+                or (dropped == 0 and len(kept) != len(expected))):
+            violations.append({"session": session, "transcript": transcript, "dropped": dropped,
+                               "completed": expected})
+    return {"sessions": len(completed), "turns": sum(len(t) for t in completed.values()),
+            "violations": len(violations), "examples": violations[:LIST_LIMIT]}
+
+
 def letter_checks(evidence: Evidence, injected: list[Injected]) -> dict[str, Any]:
     """Sort the dead letters: of an injected record, derived from poison, or of real traffic. Each
     injected record's fate: its dead letters, and the outcome of the run it named, if one started."""
@@ -287,6 +320,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
     regressions, forks, regression_examples = snapshot_checks(evidence, run_ids)
     effects = effect_checks(runs, verdicts, evidence)
     letters = letter_checks(evidence, injected)
+    conversations = session_checks(verdicts, evidence)
     step_dupes = sum(r["n"] - 1 for r in evidence.event_dupes)
     lost = [v for v in verdicts if v.status is None]
     stuck = [v for v in verdicts if v.status is not None and (not v.on_topic or (v.at or 0) > v.run.deadline + grace_s)]
@@ -304,6 +338,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
         "snapshot_regressions": regressions,
         "dead_letters": len(letters["real"]),
         "failed_without_reason": sum(1 for v in failed if not (v.error_code and v.error)),
+        "session_violations": conversations["violations"],
     }
     report.details = {
         "duplicated_events_detail": {"outcomes": outcome_dupes["outcomes"],
@@ -312,6 +347,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
                                      "examples": outcome_dupes["examples"] + [
                                          {k: r[k] for k in ("run_id", "step_id", "event_type", "n")}
                                          for r in evidence.event_dupes[:LIST_LIMIT]]},
+        "sessions": {k: conversations[k] for k in ("sessions", "turns", "examples")},
         "dead_letter_reasons": letters["real"][:LIST_LIMIT],
         "dead_letters_by_kind": dict(Counter(f"{d['consumer']}:{d['error_kind']}" for d in letters["real"])),
         "poison_derived_dead_letters": letters["derived"][:LIST_LIMIT],

@@ -26,6 +26,7 @@ from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
 from agentstream.streams.kafka.codec import Codec
+from agentstream.streams.runtime.headers import SESSION_HEADER
 from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger("chaos")
@@ -53,11 +54,14 @@ class RunKind:
     prefetch: bool = False
     #: Seconds after the submit is acknowledged at which the suite cancels the run.
     cancel_after_s: float | None = None
+    #: Turns of conversations: each run is a turn of one of this many sessions (0: runs on their own).
+    sessions: int = 0
 
 
 def run_kinds(slow_ms: int, cancel_after_s: float) -> list[RunKind]:
     """The mix: side effects, retrieval (with the speculative prefetch), an approved side effect, a slow
-    run cancelled mid-way, and the calculator. ``slow_ms``: the cancelled runs' model time per step,
+    run cancelled mid-way, the calculator, three side effects at once (parallel calls), and turns of a few
+    conversations. ``slow_ms``: the cancelled runs' model time per step,
     several times ``cancel_after_s`` so the cancel lands while the first model step still runs."""
     return [
         RunKind("effects", 35, '[[tool:chaos_effect {"label": "first"}]] '
@@ -70,6 +74,13 @@ def run_kinds(slow_ms: int, cancel_after_s: float) -> list[RunKind]:
         RunKind("cancel", 10, f'[[slow:{slow_ms}]] [[tool:chaos_effect {{"label": "late"}}]] [[answer:late]]',
                 ("chaos_effect",), "failed:cancelled", cancel_after_s=cancel_after_s),
         RunKind("calculator", 20, "What is 17 * 23?", ("calculator",), "completed"),
+        # One model reply with three calls that run side by side (services/planner/fanout.py): each still
+        # runs at most once, and the run answers only once all three are back.
+        RunKind("parallel", 15, '[[tools:chaos_effect {"label": "p1"} | chaos_effect {"label": "p2"} | '
+                'chaos_effect {"label": "p3"}]] [[answer:done]]', ("chaos_effect",), "completed", effects=3),
+        # Turns of a few conversations (services/planner/sessions.py): a session's turns run one at a time,
+        # in their order on its partition, each once, and every completed one is in its transcript.
+        RunKind("session", 10, "[[answer:turn]] and then?", (), "completed", sessions=3),
     ]
 
 
@@ -82,6 +93,7 @@ class SubmittedRun:
     acked: float | None = None
     attempts: int = 0
     cancel_acked: float | None = None
+    session: str | None = None
 
 
 @dataclass
@@ -147,15 +159,18 @@ class Load:
     async def submit_one(self, kind: RunKind) -> SubmittedRun | None:
         """Submit one run of ``kind`` (retrying until acknowledged); cancel it later if its kind says so.
         Returns the run, or None when no attempt was acknowledged before its deadline."""
-        run_id = new_run_id()
+        session = f"chaos-{self.random.randrange(kind.sessions)}" if kind.sessions else None
+        run_id = self.client.topics.run_id_for_session(session) if session else new_run_id()
         now = datetime.now(UTC)
         deadline = now + timedelta(seconds=self.deadline_s)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="chaos", task=kind.task,
                                     tools=list(kind.tools), max_steps=MAX_STEPS, deadline=deadline,
                                     metadata={"chaos_kind": kind.name}, prefetch=kind.prefetch,
-                                    created_at=now)
-        run = SubmittedRun(run_id, kind, now.timestamp(), deadline.timestamp())
+                                    created_at=now, session=session)
+        run = SubmittedRun(run_id, kind, now.timestamp(), deadline.timestamp(), session=session)
         headers = [(tracing.HEADER, tracing.new_traceparent().encode())]
+        if session is not None:
+            headers.append((SESSION_HEADER, session.encode()))
 
         async def send() -> None:
             run.attempts += 1

@@ -11,11 +11,14 @@ from bench.chaos.chaos_procs import TAIL_LINES
 
 def print_summary(result: dict) -> None:
     keys = ("runs", "completed", "lost", "stuck", "duplicated_effects", "duplicated_events",
-            "snapshot_regressions", "dead_letters", "failed_without_reason")
+            "snapshot_regressions", "dead_letters", "failed_without_reason", "session_violations")
     print(f"chaos suite ({result['mode']}): {'every check holds' if result['ok'] else 'CHECKS FAILED'}")
     for key in keys:
         print(f"  {key:<24} {result[key]}")
     print(f"  {'failed_by':<24} {result['failed_by']}")
+    if result.get("sessions"):
+        print(f"  {'sessions':<24} {result['sessions']['turns']} turns of {result['sessions']['sessions']} "
+              "conversations, each transcript checked")
     print("  runs by kind (expected → seen):")
     for name, k in result["by_kind"].items():
         print(f"    {name:<12} {k['runs']:>4} runs, expect {k['expect']:<18} {k['outcomes']}")

@@ -26,7 +26,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from agentstream.devstack.stack import DevStack
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.kafka.topics import TopicSpec, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import TopicSpec
 
 #: The repository root: both workers run there (the faust app as ``python -m bench.experiments.faust_planner.app``).
 ROOT = Path(__file__).resolve().parents[2]

@@ -59,7 +59,8 @@ from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.config.stack_state import DEFAULT_DATABASE, StackPaths
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.replay import timeline
 from agentstream.streams.replay.records import Budget
 from agentstream.streams.store import migrations

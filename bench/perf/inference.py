@@ -52,7 +52,8 @@ from agentstream.streams.core.events import (
     step_id,
 )
 from agentstream.streams.kafka.codec import codec_for
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.runtime.publisher import Runtime
 from agentstream.streams.telemetry.backlog import prompt_tokens_header
 

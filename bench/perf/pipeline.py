@@ -59,7 +59,8 @@ import asyncpg
 from agentstream.devstack.stack import DevStack
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover

@@ -38,7 +38,8 @@ from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import AlertRaised, InferenceCompleted, ToolCallCompleted
 from agentstream.streams.kafka.codec import codec_for
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.telemetry.lag import GroupOffsets
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,9 @@ The backend turns a ``tool`` message into a user turn ``"[NAME result] CONTENT"`
 this server turns such turns back into tool messages, so ``scripted_reply`` sees the conversation the
 in-process scripted backend would see and quotes the last tool result in its closing answer.
 ``response_format``, ``temperature``, ``stop`` and ``max_tokens`` are accepted and ignored: scripted
-replies are valid actions and short. A ``[[slow:MS]]`` directive delays the first delta by MS; while it
+replies are valid actions and short. A request with ``tools`` (native tool calling) is answered as such a
+model would: the scripted reply's calls as ``tool_calls`` (streamed as ``delta.tool_calls``: each call's id
+and name, then its arguments in two fragments), ``finish_reason`` ``tool_calls``; an answer as its text. A ``[[slow:MS]]`` directive delays the first delta by MS; while it
 waits, a streaming response sends SSE comments, so a client that went away (a cancelled generation) is
 noticed and the generation stops, as a real engine frees the slot of an aborted request.
 
@@ -41,7 +43,8 @@ from typing import Any
 from aiohttp import web
 
 from agentstream.services.inference.backends.base import ChatMessage
-from agentstream.services.inference.backends.scripted import scripted_reply
+from agentstream.services.inference.backends.scripted import native_reply, scripted_reply
+from agentstream.streams.core.events import ToolCall
 
 DEFAULT_MODEL = "scripted"
 #: Characters per streamed delta: several deltas per reply, so token streaming is exercised.
@@ -152,14 +155,17 @@ class ScriptedServer:
         except (ValueError, BadRequest) as exc:
             return _error(400, f"bad request: {exc}")
         text, delay = scripted_reply(messages)
+        calls: tuple[ToolCall, ...] = ()
+        if body.get("tools"):
+            text, calls = native_reply(messages, text)
         model = body.get("model") or self.config.model
         self.counters.active += 1
         try:
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return await self._stream(request, messages, text, delay, model, include_usage)
+                return await self._stream(request, messages, text, delay, model, include_usage, calls)
             await asyncio.sleep(self.config.latency_s + delay)
-            return web.json_response(self._completion(messages, text, model))
+            return web.json_response(self._completion(messages, text, model, calls))
         except asyncio.CancelledError:
             self.counters.aborted += 1
             raise
@@ -167,25 +173,30 @@ class ScriptedServer:
             self.counters.active -= 1
             self.counters.served += 1
 
-    def _completion(self, messages: tuple[ChatMessage, ...], text: str, model: str) -> dict[str, Any]:
+    def _completion(self, messages: tuple[ChatMessage, ...], text: str, model: str,
+                    calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text or None if calls else text}
+        if calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-                "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                             "finish_reason": "stop"}],
+                "model": model, "choices": [{"index": 0, "message": message,
+                                             "finish_reason": "tool_calls" if calls else "stop"}],
                 "usage": usage(messages, text)}
 
     async def _stream(self, request: web.Request, messages: tuple[ChatMessage, ...], text: str, delay: float,
-                      model: str, include_usage: bool) -> web.StreamResponse:
+                      model: str, include_usage: bool, calls: tuple[ToolCall, ...] = ()) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
             await self._wait(resp, self.config.latency_s + delay)
-            await self._write_reply(resp, messages, text, model, include_usage)
+            await self._write_reply(resp, messages, text, model, include_usage, calls)
         except ConnectionResetError:  # the client went away: the generation is aborted, quietly
             self.counters.aborted += 1
         return resp
 
     async def _write_reply(self, resp: web.StreamResponse, messages: tuple[ChatMessage, ...], text: str,
-                           model: str, include_usage: bool) -> None:
+                           model: str, include_usage: bool, calls: tuple[ToolCall, ...] = ()) -> None:
         chunk_id, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -199,7 +210,15 @@ class ScriptedServer:
             if i == 0:
                 delta["role"] = "assistant"
             await resp.write(event([{"index": 0, "delta": delta, "finish_reason": None}]))
-        await resp.write(event([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+        for k, call in enumerate(calls):  # as OpenAI streams them: id and name first, the arguments in pieces
+            half = len(call.arguments) // 2
+            first = {"index": k, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            await resp.write(event([{"index": 0, "delta": {"role": "assistant", "tool_calls": [first]},
+                                     "finish_reason": None}]))
+            for piece in (call.arguments[:half], call.arguments[half:]):
+                await resp.write(event([{"index": 0, "delta": {"tool_calls": [
+                    {"index": k, "function": {"arguments": piece}}]}, "finish_reason": None}]))
+        await resp.write(event([{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}]))
         if include_usage:
             await resp.write(event([], usage=usage(messages, text)))
         await resp.write(b"data: [DONE]\n\n")

@@ -69,10 +69,12 @@ class InferenceService:
             return
         request = GenerationRequest(
             request_id=event.step_id,
-            messages=tuple(ChatMessage(role=m.role, content=m.content, name=m.name) for m in event.messages),
+            messages=tuple(ChatMessage(role=m.role, content=m.content, name=m.name, tool_calls=tuple(m.tool_calls),
+                                       tool_call_id=m.tool_call_id) for m in event.messages),
             max_tokens=event.max_tokens, temperature=event.temperature,
             response_schema=json.loads(event.response_schema) if event.response_schema else None,
-            cache_key=event.run_id, model=event.model,
+            cache_key=event.run_id, model=event.model, stop=tuple(event.stop), top_p=event.top_p, seed=event.seed,
+            tools=json.loads(event.tools) if event.tools else None,
         )
         timeout = (event.deadline - datetime.now(UTC)).total_seconds() if event.deadline else None
         generation = asyncio.create_task(self._generate(request, event, ctx))
@@ -147,7 +149,7 @@ class InferenceService:
             # The event's field is an int (schema default 0): "unknown" shows in the metrics and span.
             completion_tokens=final.completion_tokens, cached_prompt_tokens=final.cached_prompt_tokens or 0,
             ttft_ms=final.ttft_ms, duration_ms=duration_s * 1000,
-            model=final.model, backend=self.backend.name, error=error))
+            model=final.model, backend=self.backend.name, error=error, tool_calls=list(final.tool_calls)))
         if self._metrics is not None:
             self._observe(final, duration_s, error)
         span = getattr(ctx, "span", None)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from agentstream.services.planner import machine
 from agentstream.services.planner.state import TERMINAL, RunState
 from agentstream.streams.catalog.tools import ToolCatalog
-from agentstream.streams.core import task_rules
+from agentstream.streams.core import task_rules, tool_calling
 from agentstream.streams.core.events import TaskSubmitted
 from agentstream.streams.runtime.publisher import Runtime
 from agentstream.streams.store.history import TransitionStore
@@ -32,15 +32,19 @@ class Admission:
         self.tools = tools
         self.max_run = max_run
 
-    async def start(self, task: TaskSubmitted, now: datetime) -> RunState:
+    async def start(self, task: TaskSubmitted, now: datetime, *, queued: bool = False) -> RunState:
         """The run ``task`` starts: asking the model, or failed (``invalid_task``, ``quota_exceeded``,
-        ``deadline_exceeded`` for a deadline already past)."""
+        ``deadline_exceeded`` for a deadline already past). ``queued``: a turn of a session, which waits
+        for its turn instead of asking the model (services/planner/sessions.py)."""
         checking = time.perf_counter()
         problem = await self.task_problem(task, now)
         tools = await self.tools.describe(task.tools) if problem is None else []
         if (clock := stages.clock()) is not None:
             clock.since("planner.task_checks", checking)
-        state = machine.start(task, tools, now, self.max_run)
+        state = machine.start(task, tools, now, self.max_run,
+                              max_parallel_calls=self.runtime.settings.max_parallel_tool_calls,
+                              generation=self.runtime.settings.generation, queued=queued,
+                              tool_calling=self.runtime.settings.tool_calling)
         over = await self.over_quota(task) if problem is None else None
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
@@ -64,7 +68,12 @@ class Admission:
                    or task_rules.task_problem(task=task.task, tools=task.tools, max_steps=task.max_steps,
                                               deadline=None, model=task.model, system_prompt=task.system_prompt,
                                               metadata=task.metadata, on_tool_error=task.on_tool_error,
-                                              prefetch=task.prefetch, now=now))
+                                              prefetch=task.prefetch, now=now)
+                   or task_rules.generation_problem(
+                       output_schema=task.output_schema, max_tokens=task.max_tokens, temperature=task.temperature,
+                       top_p=task.top_p, stop=task.stop, seed=task.seed,
+                       max_tokens_limit=self.runtime.settings.generation.max_tokens_limit)
+                   or tool_calling.problem(task.tool_calling))
         if problem:
             return problem
         unknown = await self.tools.unknown(task.tools)

@@ -14,18 +14,24 @@ import re
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from agentstream.services.planner import answers, fanout, transcript
 from agentstream.services.planner.state import (
     AWAITING_APPROVAL,
     COMPLETED,
     FAILED,
+    QUEUED,
     RUNNING,
     PendingRequest,
     PrefetchServed,
     RetrievalRequest,
     RunState,
+    ToolBatch,
     ToolRequest,
 )
-from agentstream.streams.core.actions import Action, action_schema, instructions, parse_action
+from agentstream.services.planner.transcript import Transcript
+from agentstream.streams.config.generation import GenerationSettings
+from agentstream.streams.core import tool_calling as native
+from agentstream.streams.core.actions import Action, CallRequest, action_schema, instructions, parse_action
 from agentstream.streams.core.errors import ActionError
 from agentstream.streams.core.events import (
     ApprovalDecided,
@@ -43,12 +49,12 @@ from agentstream.streams.core.events import (
     step_id,
 )
 from agentstream.streams.core.kinds import PendingKind, RunStatus
+from agentstream.streams.core.structured import load_schema
 from agentstream.streams.core.tools import ToolInfo
 from agentstream.streams.kafka.topics import Topics
 
 SERVICE = "planner"
 MAX_PARSE_FAILURES = 3
-MODEL_MAX_TOKENS = 256
 RETRIEVAL_K = 4
 RESULT_PREVIEW = 2000  # characters of a tool or retrieval result shown to the model
 MAX_ERROR_CHARS = 4000  # of a run's error: it travels in the outcome event, which stays small
@@ -62,30 +68,71 @@ def prefetch_step(run_id: str) -> str:
     return f"{run_id}:prefetch"
 
 
-def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime, max_run: timedelta | None = None) -> RunState:
+def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime, max_run: timedelta | None = None, *,
+          max_parallel_calls: int = 1, generation: GenerationSettings | None = None,
+          queued: bool = False, tool_calling: str = native.DEFAULT) -> RunState:
     """A new run whose first step asks the model what to do (and, unless the task says not to, a
     retrieval for the task text that starts at the same time). ``max_run``: however long its deadline
-    (or without one), the run fails with ``max_duration`` that long after it started."""
+    (or without one), the run fails with ``max_duration`` that long after it started.
+    ``max_parallel_calls``: the most tool calls one model reply may ask for at once (1: one at a time).
+    ``tool_calling``: the planner's default for a task that does not say (``native`` or ``json``,
+    streams/core/tool_calling.py).
+    ``generation``: the planner's defaults and bounds for what model steps generate (the run keeps the
+    settings it starts with); a task's ``output_schema`` shapes the answer in the action schema.
+    ``queued``: a turn of a session, which asks nothing until ``begin`` (services/planner/sessions.py)."""
+    generation = generation or GenerationSettings()
+    schema = load_schema(task.output_schema)
     state = RunState(
         run_id=task.run_id, status=RUNNING, task=task.task, tools=tuple(task.tools),
         max_steps=task.max_steps, deadline=task.deadline, model=task.model,
         expires_at=now + max_run if max_run is not None else None,
         system_prompt=task.system_prompt, step_index=0, pending_step_id=None, pending_kind=None,
-        messages=(Message(role="system", content=instructions(tools, task.system_prompt)),
+        messages=(Message(role="system", content=instructions(tools, task.system_prompt, max_parallel_calls,
+                                                              output_schema=schema)),
                   Message(role="user", content=task.task)),
-        response_schema=json.dumps(action_schema(tools), separators=(",", ":")),
+        response_schema=json.dumps(action_schema(tools, max_parallel_calls, output_schema=schema,
+                                                 max_answer_chars=generation.max_answer_chars),
+                                   separators=(",", ":")),
+        sampling=answers.sampling(task, generation), output_schema=task.output_schema,
+        output_retries=generation.output_retries,
+        max_parallel_calls=max_parallel_calls,
         approval_tools=tuple(t.name for t in tools if t.requires_approval),
         on_tool_error=task.on_tool_error if task.on_tool_error in ("tell_model", "fail_run") else "tell_model",
         prefetch="pending" if task.prefetch else "off", prefetch_sent_at=now if task.prefetch else None,
         replay_of=task.replay_of, version=0, submitted_at=task.created_at, updated_at=now,
     )
+    if (task.tool_calling or tool_calling) == "native":
+        state = state.changed(
+            tool_calling="native", response_schema=None,
+            native_tools=json.dumps(native.function_tools(tools), separators=(",", ":")),
+            messages=(Message(role="system", content=native.native_instructions(
+                tools, task.system_prompt, max_parallel_calls) + answers.native_note(schema)), *state.messages[1:]))
+    return state.changed(status=QUEUED, session=task.session) if queued else _ask_model(state, now, [])
+
+
+def begin(state: RunState, history: Transcript, now: datetime) -> RunState:
+    """The turn ``state`` (queued) begins, from the session's transcript ``history`` (already within its
+    budget): the model sees the earlier turns between the instructions and the turn's task, and the
+    transcript is recorded with the run. A session deleted since the turn arrived (its epoch moved on)
+    fails the turn with ``session_deleted``."""
+    if history.epoch != state.session_epoch:
+        return fail(state, now, "session_deleted", f"the session {state.session!r} was deleted before this turn began")
+    system, *rest = state.messages
+    state = state.changed(
+        status=RUNNING, messages=(system, *history.messages(), *rest),
+        session_turns=tuple(t.to_dict() for t in history.turns), session_dropped=history.dropped,
+        prefetch_sent_at=now if state.prefetch == "pending" else None)
     return _ask_model(state, now, [])
 
 
 def is_pending_result(state: RunState, event: Event) -> bool:
-    """True when ``event`` answers the step the run is waiting for (anything else is a copy or stale)."""
-    return (state.status == RUNNING and event.step_id == state.pending_step_id
-            and not state.waits_for_prefetch
+    """True when ``event`` answers the step the run is waiting for, or one of the calls of its fan-out
+    still waiting for a result (anything else is a copy or stale)."""
+    if state.status != RUNNING or state.waits_for_prefetch:
+        return False
+    if state.pending_kind == "tools":
+        return isinstance(event, ToolCallCompleted) and fanout.awaits(state, event.step_id)
+    return (event.step_id == state.pending_step_id
             and isinstance(event, (InferenceCompleted, ToolCallCompleted, RetrievalCompleted)))
 
 
@@ -109,7 +156,17 @@ def prefetched(state: RunState, result: RetrievalCompleted, now: datetime) -> Ru
 
 def decide(state: RunState, decision: ApprovalDecided, now: datetime) -> RunState | None:
     """A person's decision on the tool call waiting for approval, or None if it is not waiting for
-    this one (a copy, or a decision on a step long gone)."""
+    this one (a copy, or a decision on a step long gone). In a fan-out, on one of its calls: the
+    others run meanwhile."""
+    batch = fanout.batch_of(state)
+    if batch is not None and not state.terminal:
+        decided = fanout.decided(batch, decision.step_id, approved=decision.approved, by=decision.decided_by,
+                                 reason=decision.reason)
+        if decided is None:
+            return None
+        if not decision.approved:
+            state = state.changed(last_step_id=decision.step_id)
+        return _gathered(state, decided, now)
     if state.status != AWAITING_APPROVAL or decision.step_id != state.pending_step_id:
         return None
     request = state.pending_request
@@ -119,7 +176,8 @@ def decide(state: RunState, decision: ApprovalDecided, now: datetime) -> RunStat
                             pending_request=replace(request, approved_by=decision.decided_by))
     tool = request.tool if isinstance(request, ToolRequest) else "the tool"
     note = Message(role="tool", name=tool, content=f"the call to {tool} was denied by a person"
-                   + (f": {decision.reason}" if decision.reason else ""))
+                   + (f": {decision.reason}" if decision.reason else ""),
+                   tool_call_id=request.call_id if isinstance(request, ToolRequest) else None)
     return _ask_model(state.changed(last_step_id=decision.step_id, status=RUNNING), now, [note])
 
 
@@ -134,9 +192,36 @@ def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | Ret
             return fail(state, now, "tool_failed", f"{event.tool}: {event.error}")
         content = (f"{event.tool} returned: {_preview(event.result)}" if event.ok
                    else f"{event.tool} failed: {event.error}")
-        return _ask_model(state, now, [Message(role="tool", name=event.tool, content=content)])
+        batch = fanout.batch_of(state)
+        if batch is not None:
+            return _gathered(state, fanout.with_result(batch, event.step_id, content), now)
+        request = state.pending_request
+        return _ask_model(state, now, [Message(role="tool", name=event.tool, content=content, tool_call_id=(
+            request.call_id if isinstance(request, ToolRequest) else None))])
     passages = [{"id": p.id, "text": p.text, "score": p.score, "source": p.source} for p in event.passages]
     return _ask_model(state, now, [_retrieval_message(passages, event.error)])
+
+
+def _gathered(state: RunState, batch: ToolBatch, now: datetime) -> RunState:
+    """The fan-out ``batch`` after a result or a decision: the fan-in (every result to the model, in call
+    order) once every call is done, else still waiting (running, or awaiting approval)."""
+    if fanout.complete(batch):
+        return _ask_model(state.changed(pending_request=batch), now, fanout.results(batch))
+    return state.evolve(status=fanout.status(batch), pending_request=batch, updated_at=now)
+
+
+def _fan_out(state: RunState, now: datetime, calls: tuple[CallRequest, ...], new: list[Message],
+             **changes) -> RunState:
+    """Several tool calls of one reply, each a step of its own (services/planner/fanout.py)."""
+    messages = (*state.messages, *new)
+    left = state.max_steps - state.step_index
+    if len(calls) > left:
+        return fail(state, now, "max_steps", f"the model asked for {len(calls)} tool calls with {left} of the "
+                    f"run's {state.max_steps} steps left", messages=messages, **changes)
+    batch = fanout.plan(state, calls)
+    return state.evolve(status=fanout.status(batch), step_index=state.step_index + len(calls),
+                        pending_step_id=step_id(state.run_id, state.step_index, "tools"), pending_kind="tools",
+                        pending_request=batch, messages=messages, updated_at=now, **changes)
 
 
 def _gave_up(event: ToolCallCompleted) -> bool:
@@ -177,11 +262,12 @@ def _matches_task(query: str, task: str) -> bool:
     return bool(words) and len(words & task_words) / len(words) >= PREFETCH_MATCH
 
 
-def cancel(state: RunState, now: datetime, reason: str) -> RunState | None:
-    """The cancelled state of a running run, or None if it has already ended."""
+def cancel(state: RunState, now: datetime, reason: str, code: str = "cancelled") -> RunState | None:
+    """The cancelled state of a running run, or None if it has already ended. ``code``: ``cancelled``, or
+    ``session_deleted`` for a turn whose session was deleted."""
     if state.terminal:
         return None
-    return fail(state, now, "cancelled", reason or "cancelled on request")
+    return fail(state, now, code, reason or "cancelled on request")
 
 
 def time_left(state: RunState, now: datetime) -> float | None:
@@ -214,7 +300,13 @@ def _on_model_reply(state: RunState, reply: InferenceCompleted, now: datetime) -
         return fail(state, now, "model_error", reply.error or "the model failed", **usage)
     said = Message(role="assistant", content=reply.text)
     try:
-        action = parse_action(reply.text)
+        if state.tool_calling == "native":
+            said, action = native.native_action(reply, structured=state.output_schema is not None)
+        else:
+            action = parse_action(reply.text, structured=state.output_schema is not None)
+        if len(action.calls) > state.max_parallel_calls:
+            raise ActionError(f"{len(action.calls)} tool calls in one reply; at most {state.max_parallel_calls} "
+                              "at once" if state.max_parallel_calls > 1 else "one tool call per reply")
     except ActionError as exc:
         failures = state.parse_failures + 1
         if failures >= MAX_PARSE_FAILURES:
@@ -222,18 +314,49 @@ def _on_model_reply(state: RunState, reply: InferenceCompleted, now: datetime) -
                          f"{failures} replies in a row were not valid actions; last: {exc}",
                          parse_failures=failures, **usage)
         hint = Message(role="user", content=f"That reply was not a valid action ({exc}). "
-                                            "Reply with exactly one JSON object as described.")
+                                            + ("Call a tool, or answer in plain text." if state.tool_calling == "native"
+                                               else "Reply with exactly one JSON object as described."))
+        # (a native reply's calls are not kept: each call would need its own answer)
+        said = Message(role="assistant", content=said.content or json.dumps(
+            [{"name": c.name, "arguments": c.arguments} for c in said.tool_calls]))
         return _ask_model(state, now, [said, hint], parse_failures=failures, **usage)
     if action.kind == "final_answer":
-        return state.evolve(status=COMPLETED, answer=action.answer, pending_step_id=None, pending_kind=None,
-                            pending_request=None, messages=(*state.messages, said), parse_failures=0,
-                            updated_at=now, **usage)
+        output = None
+        if state.output_schema is not None:
+            checked = answers.check(state, action.value)
+            if checked.output is None:
+                return _invalid_output(state, now, said, checked.problem or "invalid", **usage)
+            output = checked.output
+        return state.evolve(status=COMPLETED, answer=output or action.answer, output=output, pending_step_id=None,
+                            pending_kind=None, pending_request=None, messages=(*state.messages, said),
+                            parse_failures=0, updated_at=now, **usage)
+    refused = [c.tool for c in action.calls if c.tool not in state.tools]
     if action.kind == "tool" and action.tool not in state.tools:
+        refused = [action.tool or ""]
+    if refused:
         allowed = ", ".join(state.tools) or "none"
-        note = Message(role="tool", name=action.tool,
-                       content=f"tool {action.tool!r} is not available for this task (available: {allowed})")
-        return _ask_model(state, now, [said, note], parse_failures=0, **usage)
+        names = ", ".join(repr(t) for t in refused)
+        note = (f"tool {names} is not available for this task (available: {allowed})"
+                + ("; none of the calls was made" if action.kind == "tools" else ""))
+        # Native calls are answered each by id (the engines' templates expect one answer per call).
+        notes = ([Message(role="tool", name=c.tool, content=note, tool_call_id=c.call_id) for c in action.calls]
+                 if said.tool_calls else [Message(role="tool", name=refused[0], content=note)])
+        return _ask_model(state, now, [said, *notes], parse_failures=0, **usage)
+    if action.kind == "tools":
+        return _fan_out(state, now, action.calls, [said], parse_failures=0, **usage)
     return _request(state, now, action, [said], parse_failures=0, **usage)
+
+
+def _invalid_output(state: RunState, now: datetime, said: Message, problem: str, **usage: int) -> RunState:
+    """A final answer that does not match the output schema: back to the model with the reason, or, once
+    the run's retries are spent, the end of the run (``invalid_output``)."""
+    failures = state.output_failures + 1
+    if failures > state.output_retries:
+        return fail(state, now, "invalid_output",
+                    f"{failures} answers did not match the output schema; last: {problem}",
+                    messages=(*state.messages, said), output_failures=failures, parse_failures=0, **usage)
+    return _ask_model(state, now, [said, answers.retry_message(problem)], output_failures=failures,
+                      parse_failures=0, **usage)
 
 
 def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) -> RunState:
@@ -242,7 +365,8 @@ def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) ->
 
 def _request(state: RunState, now: datetime, action: Action, new: list[Message], **changes) -> RunState:
     if action.kind == "tool":
-        request = ToolRequest(tool=action.tool or "", arguments=action.arguments)
+        request = ToolRequest(tool=action.tool or "", arguments=action.arguments,
+                              call_id=native.call_id_of(action))
         status: RunStatus = AWAITING_APPROVAL if action.tool in state.approval_tools else RUNNING
         return _next_step(state, now, "tool", request, new, status=status, **changes)
     query = action.query or ""
@@ -285,9 +409,10 @@ def _preview(text: str | None, limit: int = RESULT_PREVIEW) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
 
 
-def outputs(state: RunState, topics: Topics, *, snapshot: bool = True) -> list[tuple[str, Event]]:
+def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: bool = False) -> list[tuple[str, Event]]:
     """Every event this state asks to be published, in order: the pending request (or the outcome)
-    and, unless held back (services/planner/snapshots.py), the snapshot."""
+    and, unless held back (services/planner/snapshots.py), the snapshot. Of a fan-out, the calls its
+    transition sends; ``redrive`` (the sweeper, for a run that stalled): every call still to answer."""
     out: list[tuple[str, Event]] = []
     common: dict = {"run_id": state.run_id, "service": SERVICE, "created_at": state.updated_at}
     if state.prefetch == "pending" and state.last_step_id is None and state.step_index == 1:
@@ -301,8 +426,11 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True) -> list[t
         if state.pending_kind == "model":
             out.append((topics.inference_requests, InferenceRequested.build(
                 step=step, messages=list(state.messages), model=state.model,
-                response_schema=state.response_schema, max_tokens=MODEL_MAX_TOKENS, deadline=state.deadline,
-                **common)))
+                response_schema=state.response_schema, max_tokens=state.sampling.max_tokens,
+                temperature=state.sampling.temperature, top_p=state.sampling.top_p, stop=list(state.sampling.stop),
+                seed=state.sampling.seed, deadline=state.deadline, tools=state.native_tools, **common)))
+        elif state.pending_kind == "tools":
+            out.extend(fanout.requests(state, topics, redrive=redrive))
         elif state.pending_kind == "tool":
             assert isinstance(request, ToolRequest), request
             out.append((topics.tool_requests, ToolCallRequested.build(
@@ -315,11 +443,15 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True) -> list[t
         out.append((topics.outcomes, RunCompleted.build(
             step=f"{state.run_id}:outcome", answer=state.answer or "", steps=state.step_index,
             duration_ms=_ms(state.submitted_at, state.updated_at), prompt_tokens=state.prompt_tokens,
-            completion_tokens=state.completion_tokens, **common)))
+            completion_tokens=state.completion_tokens, output=state.output, **common)))
     elif state.status == FAILED:
         out.append((topics.outcomes, RunFailed.build(
             step=f"{state.run_id}:outcome", error_code=state.error_code or "failed", error=state.error or "",
             steps=state.step_index, duration_ms=_ms(state.submitted_at, state.updated_at), **common)))
+    if state.session is not None and state.status == COMPLETED:
+        updated = transcript.event(state, SERVICE)  # the session's mirror (keyed by session: publishing.py)
+        if updated is not None:
+            out.append((topics.sessions, updated))
     if snapshot:
         out.append((topics.runs, state.snapshot(service=SERVICE)))
     return out

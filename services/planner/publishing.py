@@ -12,14 +12,22 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from agentstream.services.planner import machine
-from agentstream.services.planner.state import AWAITING_APPROVAL, TERMINAL, RunState, request_to_dict
+from agentstream.services.planner import fanout, machine, transcript
+from agentstream.services.planner.state import (
+    AWAITING_APPROVAL,
+    COMPLETED,
+    FAILED,
+    TERMINAL,
+    RunState,
+    request_to_dict,
+)
 from agentstream.streams.core.events import (
     Event,
     InferenceCompleted,
     InferenceRequested,
     RetrievalCompleted,
     RetrievalRequested,
+    SessionUpdated,
     ToolCallCompleted,
     ToolCallRequested,
     event_id_for,
@@ -38,6 +46,7 @@ from agentstream.streams.store.history import (
     StepRow,
     Transition,
 )
+from agentstream.streams.store.sessions import SessionWrite
 from agentstream.streams.telemetry import trace_context as tracing
 
 #: A run's outputs: (topic, event), in the order they are published.
@@ -64,13 +73,18 @@ def split_early(outputs: Outputs) -> tuple[Outputs, Outputs]:
 
 async def send(runtime: Runtime, outputs: Outputs, state: RunState, ctx: Context | None) -> None:
     """Publish ``outputs`` in order: through the record being handled (``ctx``: it is done once the
-    broker has them), or, outside any record, each awaited in the run's trace."""
+    broker has them), or, outside any record, each awaited in the run's trace. The calls of a fan-out
+    are keyed by their own step id, not the run: the tool service handles a key's records one after
+    another, and these are to run side by side (a copy of one call still queues behind it)."""
     for topic, event in outputs:
+        key = event.step_id if isinstance(event, ToolCallRequested) and state.pending_kind == "tools" else None
+        if isinstance(event, SessionUpdated):
+            key = event.session  # the session's mirror: compacted by session (its partition is the run's)
         if ctx is not None:
-            await ctx.emit(topic, event)
+            await ctx.emit(topic, event, key=key)
         else:
             headers = [(tracing.HEADER, tracing.child_of(state.traceparent).encode())]
-            await (await runtime.send(topic, event, headers=headers))
+            await (await runtime.send(topic, event, key=key, headers=headers))
 
 
 def transition(old: RunState | None, new: RunState, outputs: Outputs, ctx: Context | None, consumed: Event | None,
@@ -93,18 +107,27 @@ def transition(old: RunState | None, new: RunState, outputs: Outputs, ctx: Conte
             completed.append(_step_result(consumed, rec.consumed_at))
     requested: list[StepRow] = []
     for topic, event in outputs:
-        if topic == topics.runs:
-            continue  # snapshots are derived; the state row holds them
+        if topic in (topics.runs, topics.sessions):
+            continue  # snapshots and the session's mirror are derived; the state and sessions rows hold them
         events.append(EventRow(event=event, topic=topic, traceparent=new.traceparent))
         if event.step_id == machine.prefetch_step(new.run_id):
             requested.append(StepRow(step_id=event.step_id, run_id=new.run_id, step_index=-1, kind="prefetch",
                                      request=_step_request(event), requested_at=new.updated_at))
+        elif isinstance(event, ToolCallRequested) and new.pending_kind == "tools":
+            requested.append(_call_row(new, event.step_id, _step_request(event)))
         elif isinstance(event, (InferenceRequested, ToolCallRequested, RetrievalRequested)):
             requested.append(StepRow(step_id=event.step_id, run_id=new.run_id,
                                      step_index=new.step_index - 1,
                                      kind=new.pending_kind or REQUEST_KINDS[type(event)],
                                      request=_step_request(event), requested_at=new.updated_at))
-    if new.status == AWAITING_APPROVAL and (old is None or old.status != AWAITING_APPROVAL):
+    batch = fanout.batch_of(new)
+    if batch is not None:
+        if old is None or old.pending_step_id != new.pending_step_id:
+            # The calls of the fan-out that wait for a person are recorded as they fan out (not yet sent).
+            requested.extend(_call_row(new, c.step_id, {"tool": c.tool, "arguments": c.arguments,
+                                                        "awaiting_approval": True})
+                             for c in batch.calls if c.awaiting_approval)
+    elif new.status == AWAITING_APPROVAL and (old is None or old.status != AWAITING_APPROVAL):
         requested.append(StepRow(step_id=new.pending_step_id or "", run_id=new.run_id,
                                  step_index=new.step_index - 1, kind="tool",
                                  request={**request_to_dict(new.pending_request), "awaiting_approval": True},
@@ -127,7 +150,32 @@ def transition(old: RunState | None, new: RunState, outputs: Outputs, ctx: Conte
         finished_at=new.updated_at if new.status in TERMINAL else None,
     )
     return Transition(run=run, events=events, sources=sources, steps_requested=requested,
-                      steps_completed=completed, lease=lease)
+                      steps_completed=completed, lease=lease, session=_session_write(old, new))
+
+
+def _session_write(old: RunState | None, new: RunState) -> SessionWrite | None:
+    """What a turn's transition writes to its session: its arrival opens the session, its completion
+    leaves the transcript it ended with (services/planner/transcript.py); a failed turn writes nothing."""
+    if new.session is None:
+        return None
+    if old is None and new.status != FAILED:
+        return SessionWrite(kind="open", prefix=new.topic_prefix, session_id=new.session, run_id=new.run_id,
+                            epoch=new.session_epoch, at=new.updated_at)
+    after = transcript.finished(new)
+    if after is None or (old is not None and old.status == COMPLETED):
+        return None
+    return SessionWrite(kind="append", prefix=new.topic_prefix, session_id=new.session, run_id=new.run_id,
+                        epoch=after.epoch, turns=[t.to_dict() for t in after.turns], dropped=after.dropped,
+                        tokens=after.tokens, at=new.updated_at)
+
+
+def _call_row(state: RunState, step: str, request: dict) -> StepRow:
+    """The ``steps`` row of call ``step`` of the run's fan-out: its own index, and which call of how many
+    (``parallel``: the timeline and ``replay diff`` show the calls of one reply side by side)."""
+    k, n = fanout.position(state, step) or (0, 1)
+    index = int(step[len(state.run_id) + 1:].partition(":")[0])  # ``{run}:{index}:tool``
+    return StepRow(step_id=step, run_id=state.run_id, step_index=index, kind="tool",
+                   request={**request, "parallel": {"call": k, "calls": n}}, requested_at=state.updated_at)
 
 
 def _source(ctx: Context, result: Event) -> SourceUpdate | None:

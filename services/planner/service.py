@@ -35,6 +35,7 @@ from agentstream.services.planner.admission import Admission
 from agentstream.services.planner.cache import FINISHED_SIZE, RunCache
 from agentstream.services.planner.leases import Leases
 from agentstream.services.planner.publishing import RESULT_TYPES, Outputs
+from agentstream.services.planner.sessions import Sessions
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import RunState
 from agentstream.services.planner.sweeper import Sweeper
@@ -90,6 +91,8 @@ class Planner:
                                sweep_interval_s=sweep_interval_s)
         #: Runs with results put aside (``_wait_for_request``): resolved by the run's next transition.
         self._advanced: dict[str, asyncio.Future[None]] = {}
+        #: Turns of sessions: admitted in order, one at a time per session (services/planner/sessions.py).
+        self.sessions = Sessions(self)
 
     @property
     def assigned(self) -> set[int]:
@@ -99,7 +102,8 @@ class Planner:
     def service(self, *, concurrency: int = 64, **overrides) -> ServiceRunner:
         topics = self.runtime.topics
         config = ServiceConfig(name="planner", topics=topics.planner_inputs, group_id=topics.group("planner"),
-                               concurrency=concurrency, route_by_run=True, **overrides)
+                               concurrency=concurrency, route_by_run=True, order_keys=self.sessions.order_keys,
+                               **overrides)
         self.runner = ServiceRunner(self.runtime, config, self.handle, on_assigned=self.leases.on_assigned,
                                     on_revoked=self.leases.on_revoked)
         return self.runner
@@ -146,10 +150,13 @@ class Planner:
     async def _start(self, task: TaskSubmitted, ctx: Context) -> None:
         """A new run. Its row is inserted without looking first: a run id that exists makes the
         insert conflict, which costs a query only on the rare redelivery instead of on every task."""
-        state = await self.admission.start(task, datetime.now(UTC))
-        state = state.changed(traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
-                              topic_prefix=self.runtime.topics.prefix)
-        await self._transition(None, state, ctx, task)
+        async with self.sessions.hold(task.session):  # a turn of a session: decided and recorded in order
+            now = datetime.now(UTC)
+            state = await (self.admission.start(task, now) if task.session is None
+                           else self.sessions.admit(task, ctx, now))
+            state = state.changed(traceparent=ctx.traceparent or ctx.out_traceparent,  # the run's trace
+                                  topic_prefix=self.runtime.topics.prefix)
+            await self._transition(None, state, ctx, task)
 
     async def _on_result(self, result: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
                          ctx: Context) -> None:
@@ -193,7 +200,8 @@ class Planner:
 
     async def _on_cancel(self, request: RunCancelRequested, ctx: Context) -> None:
         state = await self.load(request.run_id)
-        new = machine.cancel(state, datetime.now(UTC), request.reason) if state is not None else None
+        code = await self.sessions.cancel_code(state) if state is not None and not state.terminal else "cancelled"
+        new = machine.cancel(state, datetime.now(UTC), request.reason, code) if state is not None else None
         await self._transition(state, new, ctx, request)  # None: unknown, or already over
 
     async def _on_decision(self, decision: ApprovalDecided, ctx: Context) -> None:
@@ -227,6 +235,8 @@ class Planner:
         if new is None:
             if old is not None and consumed.event_id == old.last_event_id:
                 await self.publish(machine.outputs(old, self.runtime.topics), old, ctx)
+                if old.terminal and old.session is not None:  # the next turn may not have begun (a crash)
+                    await self.sessions.ended(old)
             return
         new = new.changed(last_event_id=consumed.event_id)
         outputs = machine.outputs(new, self.runtime.topics, snapshot=not self.snapshots.hold(new))
@@ -251,6 +261,8 @@ class Planner:
             later = machine.outputs(new, self.runtime.topics)
             await self.commit(old, new, later, ctx, consumed=consumed)
         await self.publish(later, new, ctx)
+        if new.session is not None and new.terminal and old is not None and not old.terminal:
+            await self.sessions.ended(new)  # the session's next turn begins
 
     # -- state, history, outputs ---------------------------------------------------------------
     async def load(self, run_id: str) -> RunState | None:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from agentstream.streams.core.events import Message, RunStateSnapshot
+from agentstream.streams.core.events import Message, RunStateSnapshot, ToolCall
 from agentstream.streams.core.kinds import OnToolError, PendingKind, RunOutcome, RunStatus
 
 RUNNING: Final = "running"  # a step is pending (model, tool or retrieval)
 AWAITING_APPROVAL: Final = "awaiting_approval"  # a tool call waits for a person; no worker holds the run
+QUEUED: Final = "queued"  # a turn of a session waits for the session's previous turn to end
 COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 TERMINAL: Final[frozenset[RunOutcome]] = frozenset({COMPLETED, FAILED})
@@ -33,11 +34,15 @@ class ToolRequest:
     tool: str
     arguments: dict[str, Any]
     approved_by: str | None = None
+    #: The id the model gave the call (native tool calling; ``"call_id"`` in JSON only when set).
+    call_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"tool": self.tool, "arguments": self.arguments}
         if self.approved_by is not None:
             data["approved_by"] = self.approved_by
+        if self.call_id is not None:
+            data["call_id"] = self.call_id
         return data
 
 
@@ -62,9 +67,88 @@ class RetrievalRequest:
         return data
 
 
+def message_to_dict(m: Message) -> dict[str, Any]:
+    """A message as ``runs.state`` holds it: ``{"role", "content", "name"}``, plus ``"tool_calls"`` and
+    ``"tool_call_id"`` (native tool calling) only when set, so other states keep their stored shape."""
+    data: dict[str, Any] = {"role": m.role, "content": m.content, "name": m.name}
+    if m.tool_calls:
+        data["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        data["tool_call_id"] = m.tool_call_id
+    return data
+
+
+def message_from_dict(data: dict[str, Any]) -> Message:
+    calls = [ToolCall(**c) for c in data.get("tool_calls") or ()]
+    return Message(**{**data, "tool_calls": calls})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingCall:
+    """One call of a fan-out (``ToolBatch``): its own step (``{run}:{index}:tool``), tool and arguments;
+    whether it waits for a person (``awaiting_approval``) or was approved (``approved_by``); once its
+    result (or error, or a denial) is in, ``done`` and the message the model will see (``content``).
+
+    In JSON: ``{"step_id", "tool", "arguments"}``, plus ``"awaiting_approval": true``, ``"approved_by"``,
+    ``"done": true``, ``"content"`` and ``"call_id"`` only when set — the tool service's claim
+    (streams/store/tool_calls.py) finds the call by ``step_id`` and reads these keys."""
+
+    step_id: str
+    tool: str
+    arguments: dict[str, Any]
+    awaiting_approval: bool = False
+    approved_by: str | None = None
+    done: bool = False
+    content: str | None = None
+    #: The id the model gave the call (native tool calling), echoed with its result.
+    call_id: str | None = None
+
+    @property
+    def runnable(self) -> bool:
+        """Waiting for its result, and free to run (not waiting for a person)."""
+        return not self.done and not self.awaiting_approval
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"step_id": self.step_id, "tool": self.tool, "arguments": self.arguments}
+        for key in ("approved_by", "content", "call_id"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        if self.awaiting_approval:
+            data["awaiting_approval"] = True
+        if self.done:
+            data["done"] = True
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolBatch:
+    """The pending fan-out: the calls of one model reply (``asked_by``: that model step), in the order
+    the model gave them, each its own step; the run waits until every one is ``done`` (services/planner/
+    fanout.py). ``send``: the calls the state's transition publishes — all runnable ones when the calls
+    fan out, the one a person just approved, none when a result comes in (the sweeper re-drives all
+    runnable ones), so a republished state repeats exactly what its transition sent.
+
+    In JSON: ``{"asked_by", "calls": [PendingCall...], "send": [step ids]}``."""
+
+    asked_by: str
+    calls: tuple[PendingCall, ...]
+    send: tuple[str, ...] = ()
+
+    def call(self, step: str) -> PendingCall | None:
+        return next((c for c in self.calls if c.step_id == step), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"asked_by": self.asked_by, "calls": [c.to_dict() for c in self.calls], "send": list(self.send)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolBatch:
+        return cls(asked_by=data["asked_by"], calls=tuple(PendingCall(**c) for c in data["calls"]),
+                   send=tuple(data.get("send", ())))
+
+
 #: What the pending step asks for; None for a model step (its request is the conversation) and when
 #: nothing is pending. In JSON, None is ``{}``.
-PendingRequest = ToolRequest | RetrievalRequest | None
+PendingRequest = ToolRequest | ToolBatch | RetrievalRequest | None
 
 
 def request_to_dict(request: PendingRequest) -> dict[str, Any]:
@@ -74,9 +158,12 @@ def request_to_dict(request: PendingRequest) -> dict[str, Any]:
 
 def request_from_dict(data: dict[str, Any] | None) -> PendingRequest:
     """The request a run's stored state holds: a tool call has a ``tool``, a retrieval a ``query``, and
-    anything else (``{}``) is None. Raises ``TypeError`` or ``KeyError`` for a shape it does not know."""
+    several calls ``calls``, and anything else (``{}``) is None. Raises ``TypeError`` or ``KeyError`` for a
+    shape it does not know."""
     if not data:
         return None
+    if "calls" in data:
+        return ToolBatch.from_dict(data)
     if "tool" in data:
         return ToolRequest(**data)
     asked = data.get("asked_at")
@@ -99,6 +186,30 @@ class PrefetchServed:
     def to_dict(self) -> dict[str, Any]:
         return {"step_id": self.step_id, "step_index": self.step_index, "query": self.query,
                 "saved_ms": self.saved_ms, "waited": self.waited}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How a run's model steps generate: its task's settings, with the planner's defaults filled in when
+    the run started (streams/config/generation.py), so every request of the run, republished ones
+    included, asks for the same. ``top_p`` and ``seed`` None, ``stop`` empty: the engine's own.
+
+    In JSON: ``{"max_tokens", "temperature", "top_p", "stop", "seed"}``; a state recorded before these
+    settings existed has none, and reads as the defaults it ran with (256 tokens, temperature 0)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "stop": list(self.stop), "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Sampling:
+        return cls(**{**data, "stop": tuple(data.get("stop") or ())}) if data else cls()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +239,13 @@ class RunState:
     messages: tuple[Message, ...] = ()
     #: The JSON schema of an action for this run (its allowed tools), sent with every model request.
     response_schema: str | None = None
+    #: The most tool calls one model reply may ask for at once (``Settings.max_parallel_tool_calls`` when
+    #: the run started; 1 for runs recorded before parallel calls).
+    max_parallel_calls: int = 1
+    #: How the model calls tools (streams/core/tool_calling.py): ``json`` actions, or ``native`` (the
+    #: engine's tool calling, with the run's tools as ``native_tools``, OpenAI function tools as JSON text).
+    tool_calling: str = "json"
+    native_tools: str | None = None
     answer: str | None = None
     error: str | None = None
     error_code: str | None = None
@@ -156,6 +274,27 @@ class RunState:
     #: The topic prefix of the pipeline that runs it: planners of other prefixes (a replay session, a
     #: test) share the database and must never adopt it (deadlines, restarts).
     topic_prefix: str = ""
+    #: The session this run is a turn of (None: a run on its own), the session's epoch when the turn arrived
+    #: (a delete moves it on) and the turn's place in the session's queue (its task's offset on the
+    #: session's partition). services/planner/sessions.py.
+    session: str | None = None
+    session_epoch: int = 0
+    session_seq: int = 0
+    #: The transcript the turn started from (``transcript.Turn.to_dict()`` each, oldest first, within the
+    #: session's token budget) and how many turns the session had dropped by then: recorded with the run,
+    #: so the turn replays from the same transcript.
+    session_turns: tuple[dict[str, Any], ...] = ()
+    session_dropped: int = 0
+    #: How every model step of the run generates (from its task and the planner's settings, when it started).
+    sampling: Sampling = Sampling()
+    #: The task's output schema (JSON text; streams/core/structured.py), and the answer as JSON text that
+    #: matches it once the run completed; None for a text answer.
+    output_schema: str | None = None
+    output: str | None = None
+    #: Final answers that did not match the output schema so far, and how many go back to the model before
+    #: the run fails with ``invalid_output`` (``GenerationSettings.output_retries`` when it started).
+    output_failures: int = 0
+    output_retries: int = 2
 
     @property
     def terminal(self) -> bool:
@@ -189,10 +328,15 @@ class RunState:
         data["tools"] = list(self.tools)
         data["approval_tools"] = list(self.approval_tools)
         data["prefetched"] = list(self.prefetched)
-        data["messages"] = [{"role": m.role, "content": m.content, "name": m.name} for m in self.messages]
+        data["session_turns"] = list(self.session_turns)
+        data["messages"] = [message_to_dict(m) for m in self.messages]
         data["pending_request"] = request_to_dict(self.pending_request)
         if self.prefetch_served is not None:
             data["prefetch_served"] = self.prefetch_served.to_dict()
+        data["sampling"] = self.sampling.to_dict()
+        for name, default in _OMITTED_AT_DEFAULT.items():
+            if data[name] == default:
+                del data[name]
         for key in _TIMES:
             data[key] = data[key].isoformat() if data[key] else None
         return data
@@ -208,10 +352,12 @@ class RunState:
         data["tools"] = tuple(data["tools"])
         data["approval_tools"] = tuple(data.get("approval_tools", ()))
         data["prefetched"] = tuple(data.get("prefetched", ()))
-        data["messages"] = tuple(Message(**m) for m in data["messages"])
+        data["session_turns"] = tuple(data.get("session_turns", ()))
+        data["messages"] = tuple(message_from_dict(m) for m in data["messages"])
         data["pending_request"] = request_from_dict(data.get("pending_request"))
         served = data.get("prefetch_served")
         data["prefetch_served"] = PrefetchServed(**served) if served else None
+        data["sampling"] = Sampling.from_dict(data.get("sampling"))
         return cls(**data)
 
     def snapshot(self, *, service: str) -> RunStateSnapshot:
@@ -231,3 +377,12 @@ class RunState:
 _FIELDS = tuple(f.name for f in dataclasses.fields(RunState))
 _FIELD_SET = frozenset(_FIELDS)
 _TIMES = ("deadline", "expires_at", "submitted_at", "updated_at", "prefetch_sent_at", "prefetch_ready_at")
+#: Fields a state got after states were first stored, left out of the JSON while they hold their default:
+#: ``from_json`` fills the default in again, so nothing is lost, and a state that does not use them is
+#: written as before (byte for byte: tests/unit/test_planner_state.py), and no larger.
+_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "sampling": Sampling().to_dict(), "output_schema": None, "output": None, "output_failures": 0,
+    "output_retries": 2,
+    "session": None, "session_epoch": 0, "session_seq": 0, "session_turns": [], "session_dropped": 0,
+    "max_parallel_calls": 1, "tool_calling": "json", "native_tools": None,
+}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from agentstream.services.planner import machine
 from agentstream.services.planner.publishing import Outputs
-from agentstream.services.planner.state import RUNNING, RunState
+from agentstream.services.planner.state import QUEUED, RUNNING, RunState
 from agentstream.streams.core.outages import wait_out
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
+#: How often a session with queued turns is looked at: its oldest begins if none of its turns is going. A
+#: turn's end begins the next at once; this only recovers a planner that died in between (its successor
+#: looks at once, the sessions it loaded having never been looked at).
+QUEUED_CHECK_S = 5.0
 
 
 class Sweeper:
@@ -43,6 +47,8 @@ class Sweeper:
         self._sweeping: set[str] = set()
         #: Run id -> when (``time.monotonic``) its pending request was last republished.
         self._redriven: dict[str, float] = {}
+        #: Session -> when its queued turns were last looked at (``due``).
+        self._sessions_looked: dict[str, float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fail runs past their deadline or maximum duration and re-drive stalled ones, each in its run's
@@ -73,6 +79,9 @@ class Sweeper:
         left = machine.time_left(state, now)
         if left is not None and left <= 0:
             return True
+        if state.status == QUEUED:  # its session's previous turn may have ended without beginning it (a crash)
+            looked = self._sessions_looked.get(state.session or "", 0.0)
+            return time.monotonic() - looked > min(QUEUED_CHECK_S, self.step_timeout_s)
         return (state.status == RUNNING and (now - state.updated_at).total_seconds() > self.step_timeout_s
                 and time.monotonic() - self._redriven.get(state.run_id, 0.0) > self.step_timeout_s)
 
@@ -130,6 +139,7 @@ class Sweeper:
                 self.sweep(state.run_id)
         cutoff = time.monotonic() - 4 * self.step_timeout_s
         self._redriven = {r: t for r, t in self._redriven.items() if t > cutoff}
+        self._sessions_looked = {s: t for s, t in self._sessions_looked.items() if t > cutoff}
 
     def sweep(self, run_id: str) -> None:
         """Look at the run in its own queue (``sweep_run``), unless that is already under way."""
@@ -153,12 +163,16 @@ class Sweeper:
             await planner.commit(state, new, outputs, None, consumed=None)
             planner.stats["expired"] += 1
             await self._publish_durably(outputs, new)
+            await planner.sessions.ended(new)  # a turn of a session: the next one begins
+        elif state.status == QUEUED and state.session is not None:
+            self._sessions_looked[state.session] = time.monotonic()
+            await planner.sessions.advance(state.session)
         elif self.due(state, now) and state.status == RUNNING:
             self._redriven[run_id] = time.monotonic()
             planner.stats["redriven"] += 1
             log.warning("planner: %s made no progress for %.0f s on %s; republishing its pending request", run_id,
                         (now - state.updated_at).total_seconds(), state.pending_step_id)
-            await self._publish_durably(machine.outputs(state, planner.runtime.topics), state)
+            await self._publish_durably(machine.outputs(state, planner.runtime.topics, redrive=True), state)
 
     async def _publish_durably(self, outputs: Outputs, state: RunState) -> None:
         """Publish outside any record (no redelivery would repair a failure): through a broker outage."""

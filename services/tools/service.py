@@ -154,9 +154,13 @@ class ToolService:
         if clock is not None:
             clock.since("tools.claim", claiming)
         if verdict.refusal is not None:
-            if (not recorded and verdict.refusal in tool_calls.MOVED_ON
-                    and await tool_calls.answered(self.pool, event, arguments_json)):
-                log.info("tools: %s was answered before (its run has moved on); dropping the copy", event.step_id)
+            # A copy of an answered call, or a call its run really asked for but ended (deadline, cancel)
+            # before it ran: stale, not forged; nothing to run, answer or dead-letter.
+            ended = verdict.refusal == "run_finished"
+            if ((ended or (not recorded and verdict.refusal in tool_calls.MOVED_ON))
+                    and await tool_calls.answered(self.pool, event, arguments_json, or_requested=ended)):
+                log.info("tools: %s was answered before, or its run ended before it ran; dropping it",
+                         event.step_id)
                 return
             await self._refuse(ctx, event, started, verdict)
             return

@@ -21,10 +21,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -32,9 +32,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.streams.catalog.tools import ToolCatalog
-from agentstream.streams.client.outcomes import OutcomeWatcher, RunResult
+from agentstream.streams.client import task_fields
+from agentstream.streams.client.outcomes import OutcomeWatcher, RunResult, parse_output
+from agentstream.streams.client.sessions import SessionsClient
+from agentstream.streams.client.task_fields import deadline_of, session_run_problem
+from agentstream.streams.client.views import RecordedEvent, RunDetails, StepDetails, TokenEvent
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core import task_rules
+from agentstream.streams.core import tool_calling as native_tool_calling
 from agentstream.streams.core.approvals import NOT_AWAITING_APPROVAL, Decision
 from agentstream.streams.core.errors import (
     DecodeError,
@@ -50,11 +55,11 @@ from agentstream.streams.core.events import (
     TokenChunk,
     new_run_id,
 )
-from agentstream.streams.core.kinds import TERMINAL_STATUSES, StepKind, StepStatus
+from agentstream.streams.core.kinds import TERMINAL_STATUSES
 from agentstream.streams.core.outages import DATABASE, outage_of
 from agentstream.streams.kafka.codec import codec_for
+from agentstream.streams.runtime.headers import SESSION_HEADER
 from agentstream.streams.runtime.publisher import Runtime
-from agentstream.streams.store.history import RunColumns
 from agentstream.streams.telemetry import trace_context as tracing
 
 log = logging.getLogger(__name__)
@@ -62,52 +67,6 @@ log = logging.getLogger(__name__)
 MAX_TASK_BYTES = task_rules.MAX_TASK_BYTES
 MAX_STEPS_LIMIT = task_rules.MAX_STEPS_LIMIT
 MAX_METADATA = task_rules.MAX_METADATA
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """Text a model generated for one of the run's steps."""
-
-    offset: int  # in agent.tokens: resume with from_offset=offset + 1
-    step_id: str
-    seq: int
-    text: str
-
-
-class StepDetails(TypedDict):
-    """One of a run's steps (a row of ``steps``), as ``AgentClient.status`` returns it."""
-
-    step_index: int
-    kind: StepKind
-    status: StepStatus
-    request: dict[str, Any]
-    result: dict[str, Any] | None
-    error: str | None
-    requested_at: datetime
-    completed_at: datetime | None
-
-
-class RunDetails(RunColumns):
-    """A run (its row of ``runs``) and its steps, as ``AgentClient.status`` returns it."""
-
-    steps: list[StepDetails]
-
-
-class RecordedEvent(TypedDict):
-    """One recorded event of a run (a row of ``events``), as ``AgentClient.events`` returns it."""
-
-    event_id: str
-    step_id: str | None
-    event_type: str
-    topic: str
-    partition: int | None
-    offset: int | None
-    produced_at: datetime
-    appended_at: datetime | None
-    consumed_at: datetime | None
-    consumed_by: str | None
-    producer: str  # "{service}@{instance}"
-    payload: dict[str, Any]
 
 
 class AgentClient:
@@ -130,6 +89,8 @@ class AgentClient:
         self._watcher: OutcomeWatcher | None = None
         self._futures: dict[str, asyncio.Future[RunResult]] = {}
         self._submitted: dict[str, datetime] = {}
+        #: The pipeline's conversations: list, show, delete (streams/client/sessions.py).
+        self.sessions = SessionsClient(self)
 
     async def __aenter__(self) -> AgentClient:
         await self.start()
@@ -141,7 +102,7 @@ class AgentClient:
     async def start(self) -> None:
         """Connect. Raises ``TopicsMissing`` when the topics the client sends to and reads from do not
         exist yet (no worker has created them), rather than a timeout on the first send or wait."""
-        from agentstream.streams.kafka.topics import require_topics
+        from agentstream.streams.kafka.topic_admin import require_topics
 
         try:
             missing = await require_topics(self.settings.kafka_bootstrap, [  # sent to, waited on, streamed, tools
@@ -180,7 +141,11 @@ class AgentClient:
     async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int = 8,
                      deadline: datetime | timedelta | float | None = None, model: str | None = None,
                      system_prompt: str | None = None, metadata: dict[str, str] | None = None,
-                     prefetch: bool = True, on_tool_error: str = "tell_model", run_id: str | None = None) -> str:
+                     prefetch: bool = True, on_tool_error: str = "tell_model", run_id: str | None = None,
+                     output_schema: str | Mapping[str, Any] | None = None, max_tokens: int | None = None,
+                     temperature: float | None = None, top_p: float | None = None,
+                     stop: Sequence[str] | None = None, seed: int | None = None, session: str | None = None,
+                     tool_calling: str | None = None) -> str:
         """Validate and publish a task; return its run id. Raises ``TaskRejected``.
 
         ``tools``: the tools the run may call (default: every registered tool). ``deadline``: an absolute
@@ -189,21 +154,51 @@ class AgentClient:
         ``tell_model`` (it decides) or ``fail_run``. ``run_id``: the run's id (default: a new one); a submit
         retried with the same id and task publishes the same event, so the run starts once however often
         the call is repeated (after a timeout, a lost connection).
+
+        ``output_schema``: a JSON Schema (a dict, or JSON text) the answer must match; the run's
+        ``RunResult.output`` is then the answer, parsed (docs/contract.md, "Structured output"). A schema
+        that is not valid JSON Schema is refused here. ``max_tokens`` (per model step), ``temperature``,
+        ``top_p``, ``stop`` and ``seed`` tune every model step; None: the pipeline's defaults
+        (``AGENTSTREAM_MODEL_MAX_TOKENS``, 256 tokens; temperature 0; the engine's own top_p and seed).
+
+        ``session``: make the task a turn of this conversation (a new one if the id is new): it starts from
+        the session's transcript, and runs after the session's earlier turns (docs/contract.md,
+        "Sessions"). Its run id is drawn on the session's partition; a ``run_id`` given with it must be
+        there too (``Topics.run_id_for_session`` draws one).
+
+        ``tool_calling``: ``native`` (the engine's own tool calling) or ``json`` (one JSON action per
+        reply); None: the planner's default, ``AGENTSTREAM_TOOL_CALLING`` (``json``).
         """
-        at = _deadline(deadline)
+        at = deadline_of(deadline)
         tools = await self._check(task, tools, max_steps, at, model, system_prompt, metadata, on_tool_error,
                                   prefetch)
+        schema_text = task_fields.schema_text(output_schema)
+        if problem := task_rules.generation_problem(
+                output_schema=schema_text, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                stop=[] if stop is None else stop, seed=seed,
+                max_tokens_limit=self.settings.generation.max_tokens_limit):
+            raise TaskRejected(problem)
         if run_id is not None and (problem := task_rules.run_id_problem(run_id)):
             raise TaskRejected(problem)
+        if problem := native_tool_calling.problem(tool_calling):
+            raise TaskRejected(problem)
+        if problem := task_rules.session_problem(session) or session_run_problem(self.topics, session, run_id):
+            raise TaskRejected(problem)
+        if session is not None and run_id is None:
+            run_id = self.topics.run_id_for_session(session)
         await self.watch_outcomes()  # before publishing: the outcome cannot slip past us
         run_id = run_id or new_run_id()
         self._future(run_id)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="client", task=task,
                                     tools=tools, max_steps=max_steps, deadline=at, model=model,
                                     system_prompt=system_prompt, metadata=dict(metadata or {}),
-                                    prefetch=prefetch, on_tool_error=on_tool_error)
-        future = await self.runtime.send(self.topics.tasks, event,
-                                         headers=[(tracing.HEADER, tracing.new_traceparent().encode())])
+                                    prefetch=prefetch, on_tool_error=on_tool_error, output_schema=schema_text,
+                                    max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                    stop=list(stop or ()), seed=seed, session=session, tool_calling=tool_calling)
+        headers = [(tracing.HEADER, tracing.new_traceparent().encode())]
+        if session is not None:  # the planner then handles the session's turns strictly in their order
+            headers.append((SESSION_HEADER, session.encode()))
+        future = await self.runtime.send(self.topics.tasks, event, headers=headers)
         await future
         self._submitted[run_id] = event.created_at
         return run_id
@@ -282,13 +277,23 @@ class AgentClient:
                        earlier=not now)
 
     async def awaiting_approval(self) -> list[dict[str, Any]]:
-        """Runs paused on a tool call that needs approval: run id, step id, tool, arguments, since when."""
+        """Tool calls waiting for a person's approval: run id, step id, tool, arguments, since when. A run
+        paused on its tool call has one; a run whose parallel calls fan out (pending kind ``tools``) may
+        have several, and may be running its other calls meanwhile."""
         with _database():
             rows = await (await self.pool()).fetch(
-            """SELECT run_id, state->>'pending_step_id' AS step_id, state->'pending_request' AS request,
-                          updated_at FROM runs WHERE status = 'awaiting_approval' ORDER BY updated_at""")
-        return [{"run_id": r["run_id"], "step_id": r["step_id"], "since": r["updated_at"],
-                 **{k: v for k, v in json.loads(r["request"]).items() if k in ("tool", "arguments")}} for r in rows]
+            """SELECT run_id, state->>'pending_step_id' AS step_id, state->>'pending_kind' AS kind,
+                      state->'pending_request' AS request, updated_at FROM runs
+               WHERE status = 'awaiting_approval' OR (status = 'running' AND state->>'pending_kind' = 'tools')
+               ORDER BY updated_at""")
+        waiting: list[dict[str, Any]] = []
+        for r in rows:
+            request = json.loads(r["request"])
+            calls = ([c for c in request.get("calls", ()) if c.get("awaiting_approval")] if r["kind"] == "tools"
+                     else [{**request, "step_id": r["step_id"]}])
+            waiting.extend({"run_id": r["run_id"], "step_id": c["step_id"], "since": r["updated_at"],
+                            **{k: v for k, v in c.items() if k in ("tool", "arguments")}} for c in calls)
+        return waiting
 
     async def _tool_catalog(self) -> ToolCatalog:
         """Tool names are checked against ``agent.tools``, not PostgreSQL: submit works while the
@@ -330,7 +335,7 @@ class AgentClient:
             try:
                 with _database():
                     row = await (await self.pool()).fetchrow(
-                        """SELECT status, answer, error_code, error, step_count,
+                        """SELECT status, answer, error_code, error, step_count, state->>'output' AS output,
                                   extract(epoch FROM (updated_at - submitted_at)) * 1000 AS ms
                            FROM runs WHERE run_id = $1""", run_id)
             except Unavailable:
@@ -338,7 +343,7 @@ class AgentClient:
                 raise
             if row is not None and row["status"] in TERMINAL_STATUSES:
                 return RunResult(run_id, row["status"], row["answer"], row["error_code"], row["error"],
-                                 row["step_count"], float(row["ms"]))
+                                 row["step_count"], float(row["ms"]), parse_output(row["output"]))
         result = await asyncio.wait_for(asyncio.shield(future), timeout)
         self._futures.pop(run_id, None)
         return result
@@ -455,22 +460,3 @@ def _database() -> Iterator[None]:
         if outage_of(exc) == DATABASE:
             raise Unavailable(f"PostgreSQL is unavailable ({type(exc).__name__}: {exc}); try again later") from exc
         raise
-
-
-def _deadline(deadline: datetime | timedelta | float | None) -> datetime | None:
-    if deadline is None:
-        return None
-    now = datetime.now(UTC)
-    if isinstance(deadline, bool):
-        raise TaskRejected("deadline must be a datetime, a timedelta or seconds")
-    if isinstance(deadline, (int, float)):
-        deadline = timedelta(seconds=deadline)
-    if isinstance(deadline, timedelta):
-        deadline = now + deadline
-    if not isinstance(deadline, datetime):
-        raise TaskRejected("deadline must be a datetime, a timedelta or seconds")
-    if deadline.tzinfo is None:
-        raise TaskRejected("deadline must be timezone-aware")
-    if deadline <= now:
-        raise TaskRejected("the deadline has already passed")
-    return deadline

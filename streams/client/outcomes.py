@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -34,7 +36,9 @@ class RunResult:
     ``status`` is ``completed`` (with the ``answer``) or ``failed`` (with ``error_code``, e.g.
     ``cancelled`` or ``deadline_exceeded``, and a readable ``error``); ``steps`` and ``duration_ms`` are
     the planner's count. Built from the run's ``RunCompleted`` or ``RunFailed`` on ``agent.outcomes``,
-    so that a client learns the outcome from Kafka, without the database.
+    so that a client learns the outcome from Kafka, without the database. ``output``: for a task with an
+    ``output_schema``, the answer parsed from JSON (it matches the schema; ``answer`` holds its text);
+    None otherwise.
     """
 
     run_id: str
@@ -44,6 +48,7 @@ class RunResult:
     error: str | None
     steps: int
     duration_ms: float
+    output: Any = None
 
     @property
     def ok(self) -> bool:
@@ -52,8 +57,21 @@ class RunResult:
     @classmethod
     def of(cls, event: RunCompleted | RunFailed) -> RunResult:
         if isinstance(event, RunCompleted):
-            return cls(event.run_id, "completed", event.answer, None, None, event.steps, event.duration_ms)
+            return cls(event.run_id, "completed", event.answer, None, None, event.steps, event.duration_ms,
+                       parse_output(event.output))
         return cls(event.run_id, "failed", None, event.error_code, event.error, event.steps, event.duration_ms)
+
+
+def parse_output(text: str | None) -> Any:
+    """A run's structured output (``RunCompleted.output``, JSON text) as a Python value; None without one.
+    Text that does not parse (written by something other than the planner, which validated it) is kept as
+    the string it is rather than failing the reader."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class OutcomeWatcher:

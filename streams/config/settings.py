@@ -8,8 +8,8 @@ Where a setting comes from, first match wins:
    local stack, where who the process is (``identity``) picks its credentials;
 3. the defaults of the local stack (its loopback ports).
 
-The other settings of this package: ``telemetry``, ``alerts``, ``quotas``, ``trtllm``; the parsers they share
-are in ``env``.
+The other settings of this package: ``telemetry``, ``alerts``, ``quotas``, ``trtllm``, ``generation``; the
+parsers they share are in ``env``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from agentstream.streams.config import env
+from agentstream.streams.config.generation import GenerationSettings
 from agentstream.streams.config.identity import CLIENT, Identity, load_kafka_auth, login_url
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.config.masking import masked_repr
 from agentstream.streams.config.quotas import Quotas
+from agentstream.streams.config.sessions import SessionSettings
 from agentstream.streams.config.stack_state import (
     DEFAULT_DATABASE,
     DEFAULT_KAFKA_PORT,
@@ -86,6 +88,13 @@ class Settings:
     step_timeout_s: float = 60.0
     #: No run lasts longer than this after it started, with or without a deadline.
     max_run_s: float = 3600.0
+    #: The most tool calls one model reply may ask for at once (they run side by side; a reply with more
+    #: is refused like an invalid action). 1: one call per reply, as before parallel calls.
+    max_parallel_tool_calls: int = 8
+    #: How a task that does not say calls tools (``TaskSubmitted.tool_calling``): ``json`` actions (every
+    #: backend's default: small models do better with them) or ``native`` (the engine's own tool calling,
+    #: for a model and server that support it; docs/architecture.md, "Inference").
+    tool_calling: str = "json"
     #: Tracing, metrics and health endpoints (all off unless configured).
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     #: How this process authenticates to Kafka (``identity.load_kafka_auth``): unauthenticated PLAINTEXT
@@ -100,6 +109,10 @@ class Settings:
     approvals: ApprovalMode = "open"
     #: Limits on this pipeline's runs — a tenant's, for a tenant's cell (docs/security.md, "Tenants").
     quotas: Quotas = field(default_factory=Quotas)
+    #: What a run's model steps generate when its task does not say, and the bounds on what it may say.
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    #: Conversations: the transcript's token budget and what happens to the oldest turns beyond it.
+    sessions: SessionSettings = field(default_factory=SessionSettings)
 
     def __repr__(self) -> str:
         return masked_repr(self)
@@ -141,12 +154,23 @@ class Settings:
             snapshot_interval_ms=env.non_negative_int("AGENTSTREAM_SNAPSHOT_INTERVAL_MS", 1000),
             step_timeout_s=env.positive_float("AGENTSTREAM_STEP_TIMEOUT_S", 60.0),
             max_run_s=env.positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
+            max_parallel_tool_calls=env.positive_int("AGENTSTREAM_MAX_PARALLEL_TOOL_CALLS", 8),
+            tool_calling=_tool_calling(),
             telemetry=TelemetrySettings.load(paths),
             kafka_auth=load_kafka_auth(recorded, identity=identity, external=bool(env_kafka)),
             identity=identity,
             approvals=_approvals(recorded),
             quotas=Quotas.load(),
+            generation=GenerationSettings.load(),
+            sessions=SessionSettings.load(),
         )
+
+
+def _tool_calling() -> str:
+    raw = os.environ.get("AGENTSTREAM_TOOL_CALLING", "").strip().lower() or "json"
+    if raw not in ("json", "native"):
+        raise ConfigError(f"AGENTSTREAM_TOOL_CALLING={raw!r} must be json or native")
+    return raw
 
 
 def _approvals(recorded: dict[str, Any]) -> ApprovalMode:

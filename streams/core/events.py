@@ -17,17 +17,16 @@ replayed after a crash republishes the same events, and consumers can drop the c
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import os
 import socket
-import typing
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Self
 
+from agentstream.streams.core.datums import from_dict, to_dict
 from agentstream.streams.core.kinds import (
     AlertKind,
     DeadLetterKind,
@@ -86,16 +85,30 @@ class Producer:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    """One tool call an assistant message made with the engine's native tool calling: the id the model
+    (or its server) gave it, the tool's name and its arguments (a JSON object, as text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Message:
     """One message of a conversation, as a model request carries it (``InferenceRequested.messages``).
 
     ``role`` is ``system``, ``user``, ``assistant`` or ``tool``; ``name`` is the tool's, on the message
-    that hands a tool's result (or its refusal) back to the model.
+    that hands a tool's result (or its refusal) back to the model. Native tool calling (``tool_calling =
+    native``) adds structure: an assistant message's ``tool_calls``, and on a tool message the id of the
+    call it answers (``tool_call_id``).
     """
 
     role: Role
     content: str
     name: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,11 +164,11 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """The Avro datum (nested records as dicts)."""
-        return _to_dict(self)
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        event: Self = _from_dict(cls, data)
+        event: Self = from_dict(cls, data)
         return event
 
 
@@ -170,7 +183,9 @@ class TaskSubmitted(Event):
     ``tools`` and take at most ``max_steps`` steps before ``deadline``; ``model`` and ``system_prompt``
     override the service's; ``prefetch`` starts a retrieval of the task's subject alongside the first
     model call; ``on_tool_error`` says whether a failed tool call is told to the model or fails the run;
-    ``replay_of`` names the run that a replay reruns. The planner checks it before starting the run.
+    ``replay_of`` names the run that a replay reruns; ``output_schema`` asks for an answer of that JSON
+    Schema (``RunCompleted.output``); ``max_tokens``, ``temperature``, ``top_p``, ``stop`` and ``seed`` tune
+    each model step. The planner checks it before starting the run.
     """
 
     schema_name: ClassVar[str] = _NS + "TaskSubmitted"
@@ -184,6 +199,22 @@ class TaskSubmitted(Event):
     prefetch: bool = True
     on_tool_error: OnToolError = "tell_model"
     replay_of: str | None = None
+    #: A JSON Schema (JSON text) the answer must match (streams/core/structured.py); None: a text answer.
+    output_schema: str | None = None
+    #: Generation settings for every model step of the run; None (``[]``): the planner's defaults
+    #: (streams/config/generation.py: 256 tokens, temperature 0; top_p and seed the engine's).
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    #: The conversation this task is a turn of (None: a run on its own). The turn starts from the session's
+    #: transcript and runs after its earlier turns; its run id must be on the session's partition
+    #: (``Topics.run_id_for_session``; docs/contract.md, "Sessions").
+    session: str | None = None
+    #: How the model calls tools: ``native`` (the engine's tool calling) or ``json`` (one JSON action per
+    #: reply); None: the planner's default (``AGENTSTREAM_TOOL_CALLING``, ``json``).
+    tool_calling: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +226,13 @@ class InferenceRequested(Event):
     max_tokens: int = 256
     temperature: float = 0.0
     deadline: datetime | None = None
+    #: Sampling settings from the run's task; None (``[]``): the engine's own.
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    #: Native tool calling: the run's tools as OpenAI function tools (a JSON array, as text); None in the
+    #: JSON-action mode (the tools are described in the system message and the action schema).
+    tools: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +248,8 @@ class InferenceCompleted(Event):
     model: str = ""
     backend: str = ""
     error: str | None = None
+    #: Native tool calling: the calls the model made (its ``text`` may then be empty).
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,6 +353,9 @@ class RunCompleted(Event):
     duration_ms: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: For a task with an ``output_schema``: the answer as JSON text that matches it (``answer`` holds the
+    #: same text); None otherwise.
+    output: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,77 +449,38 @@ class ToolRegistered(Event):
         return super().problem() or (None if self.name else "name is empty")
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionTurn:
+    """One finished turn of a session, as ``SessionUpdated`` carries it: its run, the user's message, the
+    model's final reply (what the next turn's model sees), the answer and its estimated tokens."""
+
+    run_id: str
+    user: str
+    reply: str
+    answer: str
+    tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionUpdated(Event):
+    """A session's transcript after one of its turns finished, on the compacted ``agent.sessions`` keyed
+    by the session id (a deleted session gets a tombstone). The envelope's run is the turn that finished;
+    the step id is ``{run_id}:session``. PostgreSQL's ``sessions`` row is the transcript of record."""
+
+    schema_name: ClassVar[str] = _NS + "SessionUpdated"
+    session: str
+    epoch: int = 0
+    turns: list[SessionTurn] = field(default_factory=list)
+    dropped: int = 0
+    tokens: int = 0
+
+
 #: Every event class by its Avro record name (``Event.schema_name``): the events agentstream puts on its
 #: topics, and the only records a codec decodes (any other name is an ``unknown_schema`` ``DecodeError``).
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.schema_name: cls
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
                 RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
-                ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised, ClaimCheck, ToolRegistered)
+                ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised, ClaimCheck, ToolRegistered,
+                SessionUpdated)
 }
-
-_RECORDS = (Producer, Message, Passage)
-
-
-def _to_dict(obj: Any) -> dict[str, Any]:
-    """Field values by name, nested records as dicts (type information is precomputed per class:
-    this runs for every event published)."""
-    cls: type = type(obj)
-    data = {name: getattr(obj, name) for name in _names(cls)}
-    for name, (shape, _record) in _nested(cls).items():
-        value = data[name]
-        if value is not None:
-            data[name] = _to_dict(value) if shape == "one" else [_to_dict(v) for v in value]
-    return data
-
-
-@functools.cache
-def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
-    return tuple(dataclasses.fields(cls))
-
-
-@functools.cache
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in _fields(cls))
-
-
-@functools.cache
-def _nested(cls: type) -> dict[str, tuple[str, type]]:
-    """Fields holding nested records: name -> ("one" | "list", record class)."""
-    hints = typing.get_type_hints(cls)
-    nested: dict[str, tuple[str, type]] = {}
-    for f in _fields(cls):
-        hint = hints[f.name]
-        if hint in _RECORDS:
-            nested[f.name] = ("one", hint)
-        elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in _RECORDS:
-            nested[f.name] = ("list", typing.get_args(hint)[0])
-    return nested
-
-
-def _from_dict(cls: type, data: dict[str, Any]) -> Any:
-    names = _names(cls)
-    if len(data) == len(names) and all(name in data for name in names):
-        return _from_datum(cls, data)
-    known = set(names)
-    values = {k: v for k, v in data.items() if k in known}
-    for name, (shape, record) in _nested(cls).items():
-        if name in values and values[name] is not None:
-            raw = values[name]
-            values[name] = _from_dict(record, raw) if shape == "one" else [_from_dict(record, r) for r in raw]
-    return cls(**values)
-
-
-def _from_datum(cls: type, data: dict[str, Any]) -> Any:
-    """``data`` has exactly the class's fields (an Avro datum read with the class's own schema, which
-    mirrors it): the object is made without the frozen dataclass's ``__init__``, which sets each field
-    through ``object.__setattr__`` and cost more than half of decoding an event (18 µs of 29 for a model
-    request). Nothing is lost: the fields have no ``__post_init__`` and no defaults to fill in."""
-    values = dict(data)
-    for name, (shape, record) in _nested(cls).items():
-        raw = values[name]
-        if raw is not None:
-            values[name] = _from_dict(record, raw) if shape == "one" else [_from_dict(record, r) for r in raw]
-    obj: Any = object.__new__(cls)
-    obj.__dict__.update(values)
-    return obj

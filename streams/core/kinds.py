@@ -13,16 +13,25 @@ from typing import Final, Literal, TypeAlias, TypeVar, get_args
 T = TypeVar("T", bound=str)
 
 #: A run's status (``runs.status``, ``RunStateSnapshot.status``): ``running`` while a step is pending,
-#: ``awaiting_approval`` while a tool call waits for a person (no worker holds the run), then one of
-#: the two terminal ones. A cancelled run is ``failed`` with error code ``cancelled``.
-RunStatus: TypeAlias = Literal["running", "awaiting_approval", "completed", "failed"]
+#: ``awaiting_approval`` while a tool call waits for a person (no worker holds the run), ``queued`` while
+#: a turn of a session waits for the session's previous turn to end, then one of the two terminal ones.
+#: A cancelled run is ``failed`` with error code ``cancelled``.
+RunStatus: TypeAlias = Literal["running", "awaiting_approval", "queued", "completed", "failed"]
 #: How a run ended (``RunResult.status``; the terminal run statuses).
 RunOutcome: TypeAlias = Literal["completed", "failed"]
 RUN_STATUSES: Final[tuple[RunStatus, ...]] = get_args(RunStatus)
 TERMINAL_STATUSES: Final[tuple[RunOutcome, ...]] = get_args(RunOutcome)
 
-#: What a run's pending step waits for (``RunStateSnapshot.pending_kind``).
-PendingKind: TypeAlias = Literal["model", "tool", "retrieval"]
+#: Why a run failed (``RunFailed.error_code``, ``runs.error_code``; docs/contract.md, "Reading the outcome"):
+#: ``invalid_output`` is an answer that did not match the task's ``output_schema`` after the retries.
+RunErrorCode: TypeAlias = Literal["invalid_task", "quota_exceeded", "cancelled", "deadline_exceeded", "max_duration",
+                                  "max_steps", "model_error", "unparseable_model_output", "invalid_output",
+                                  "tool_failed", "internal_error"]
+RUN_ERROR_CODES: Final[tuple[RunErrorCode, ...]] = get_args(RunErrorCode)
+
+#: What a run's pending step waits for (``RunStateSnapshot.pending_kind``): ``tools`` is several tool
+#: calls of one model reply, running side by side (services/planner/fanout.py).
+PendingKind: TypeAlias = Literal["model", "tool", "tools", "retrieval"]
 #: A row of ``steps``: a pending step's kind, or ``prefetch`` (the retrieval started with the task).
 StepKind: TypeAlias = Literal["model", "tool", "retrieval", "prefetch"]
 #: A step's status (``steps.status``): ``requested`` until its result is recorded.
@@ -51,7 +60,7 @@ AlertKind: TypeAlias = Literal["slow_tool", "slow_model_step", "tool_failure_rat
 Severity: TypeAlias = Literal["warning", "critical"]
 
 #: What a model's reply asks for (``streams/core/actions.py``).
-ActionKind: TypeAlias = Literal["tool", "retrieve", "final_answer"]
+ActionKind: TypeAlias = Literal["tool", "tools", "retrieve", "final_answer"]
 
 #: Where spans go (``AGENTSTREAM_TRACING``).
 TracingMode: TypeAlias = Literal["off", "file", "otlp"]
@@ -70,6 +79,6 @@ def one_of(value: object, members: tuple[T, ...]) -> T | None:
     return None
 
 
-__all__ = ["APPROVAL_MODES", "ON_TOOL_ERROR", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind", "AlertKind", "ApprovalMode",
-           "DeadLetterKind", "DecodeErrorKind", "OnToolError", "PendingKind", "Role", "RunOutcome", "RunStatus",
+__all__ = ["APPROVAL_MODES", "ON_TOOL_ERROR", "RUN_ERROR_CODES", "RUN_STATUSES", "TERMINAL_STATUSES", "TRACING_MODES", "ActionKind", "AlertKind", "ApprovalMode",
+           "DeadLetterKind", "DecodeErrorKind", "OnToolError", "PendingKind", "Role", "RunErrorCode", "RunOutcome", "RunStatus",
            "Severity", "StepKind", "StepOutcome", "StepStatus", "ToolErrorKind", "TracingMode", "one_of"]

@@ -10,11 +10,13 @@ why. The limits also keep every event a run produces well inside a Kafka record.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from agentstream.streams.core.kinds import ON_TOOL_ERROR
+from agentstream.streams.core.structured import MAX_OUTPUT_SCHEMA_BYTES, output_schema_problem
 
 MAX_TASK_BYTES = 32 * 1024
 MAX_SYSTEM_PROMPT_BYTES = 32 * 1024
@@ -25,6 +27,16 @@ MAX_TOOLS = 128
 MAX_NAME_BYTES = 256  # a tool name, a model name
 MAX_RUN_ID_CHARS = 200
 MAX_EVENT_ID_CHARS = 200
+MAX_SESSION_ID_CHARS = 200
+#: The most tokens any pipeline lets one model step generate (``AGENTSTREAM_MAX_TOKENS_LIMIT`` may not
+#: exceed it; its own default is lower: streams/config/generation.py).
+MAX_TOKENS_CEILING = 131_072
+MAX_TEMPERATURE = 2.0
+#: Stop strings per task (OpenAI-compatible servers accept at most 4) and the size of each.
+MAX_STOP_STRINGS = 4
+MAX_STOP_BYTES = 256
+#: Seeds are unsigned 32-bit (llama.cpp's range; OpenAI-compatible servers and TensorRT-LLM take more).
+MAX_SEED = 2**32 - 1
 
 
 def text_problem(name: str, value: Any, limit: int, *, required: bool = False) -> str | None:
@@ -55,6 +67,20 @@ def run_id_problem(run_id: Any) -> str | None:
         return f"the run id is {len(run_id)} characters; the limit is {MAX_RUN_ID_CHARS}"
     if not run_id.isprintable():
         return "the run id contains control characters"
+    return None
+
+
+def session_problem(session: Any) -> str | None:
+    """A session id the system can key, store and print (None: the task is not a turn of a session). The
+    same bounds as a run id: it is a Kafka key and a primary key too."""
+    if session is None:
+        return None
+    if not isinstance(session, str) or not session.strip():
+        return "the session id is empty"
+    if len(session) > MAX_SESSION_ID_CHARS:
+        return f"the session id is {len(session)} characters; the limit is {MAX_SESSION_ID_CHARS}"
+    if not session.isprintable():
+        return "the session id contains control characters"
     return None
 
 
@@ -97,6 +123,46 @@ def task_problem(*, task: Any, tools: Any, max_steps: Any, deadline: Any, model:
     return None
 
 
+def generation_problem(*, output_schema: Any, max_tokens: Any, temperature: Any, top_p: Any, stop: Any, seed: Any,
+                       max_tokens_limit: int) -> str | None:
+    """Why a task's output schema or generation settings cannot be used, or None. Every one is optional
+    (None, or ``[]`` for ``stop``). ``max_tokens_limit``: this pipeline's bound on ``max_tokens``
+    (``GenerationSettings.max_tokens_limit``, which the client and the planner each read from their
+    environment: a planner with a lower bound refuses what a client let through, with this reason)."""
+    problem = (text_problem("output schema", output_schema, MAX_OUTPUT_SCHEMA_BYTES)
+               or output_schema_problem(output_schema))
+    if problem:
+        return problem
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            return f"max_tokens must be an integer, not {type(max_tokens).__name__}"
+        if not 1 <= max_tokens <= max_tokens_limit:
+            return (f"max_tokens must be between 1 and {max_tokens_limit} (got {max_tokens}; the bound is "
+                    "AGENTSTREAM_MAX_TOKENS_LIMIT)")
+    if temperature is not None and not (_is_number(temperature) and 0 <= temperature <= MAX_TEMPERATURE):
+        return f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (got {temperature!r})"
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        return f"top_p must be a number above 0 and at most 1 (got {top_p!r})"
+    if isinstance(stop, str) or not isinstance(stop, Sequence):
+        return "stop must be a list of strings"
+    if len(stop) > MAX_STOP_STRINGS:
+        return f"a task may give at most {MAX_STOP_STRINGS} stop strings (got {len(stop)})"
+    for text in stop:
+        if text == "" or text is None:  # whitespace is a stop string like any other ("\n\n" is a common one)
+            return "a stop string is empty"
+        problem = text_problem("stop string", text, MAX_STOP_BYTES)
+        if problem:
+            return problem
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        return f"seed must be an integer from 0 to {MAX_SEED}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float that is finite (NaN and infinity compare false with every bound, or pass them)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _tools_problem(tools: Any) -> str | None:
     if isinstance(tools, str) or not isinstance(tools, Sequence):
         return "tools must be a list of tool names"
@@ -127,5 +193,6 @@ def _metadata_problem(metadata: Any) -> str | None:
     return None
 
 
-__all__ = ["MAX_EVENT_ID_CHARS", "MAX_METADATA", "MAX_STEPS_LIMIT", "MAX_SYSTEM_PROMPT_BYTES", "MAX_TASK_BYTES", "event_id_problem",
-           "run_id_problem", "task_problem", "text_problem"]
+__all__ = ["MAX_EVENT_ID_CHARS", "MAX_METADATA", "MAX_SEED", "MAX_STEPS_LIMIT", "MAX_STOP_BYTES", "MAX_STOP_STRINGS",
+           "MAX_SYSTEM_PROMPT_BYTES", "MAX_TASK_BYTES", "MAX_TEMPERATURE", "MAX_TOKENS_CEILING", "event_id_problem",
+           "generation_problem", "run_id_problem", "task_problem", "text_problem"]

@@ -28,6 +28,7 @@ from agentstream.streams.core.events import (
     RunCompleted,
     RunFailed,
     RunStateSnapshot,
+    SessionUpdated,
     TaskSubmitted,
     TokenChunk,
     ToolCallCompleted,
@@ -96,12 +97,18 @@ CHANNELS: tuple[ChannelSpec, ...] = (
     ChannelSpec("retrieval_results", (RetrievalCompleted,), ("retrieval", "replay"), ("planner", "tools"),
                 "Passages found.", routed=True, redrivable=True),
     ChannelSpec("tool_requests", (ToolCallRequested,), ("planner",), ("tools", "replay"),
-                "Tool calls the model asked for (after approval when the tool needs it).", redrivable=True),
+                "Tool calls the model asked for (after approval when the tool needs it).", redrivable=True,
+                key=RUN_KEY + "; a call of a fan-out (several calls of one model reply) is keyed by its step id "
+                "instead, so that the calls run side by side"),
     ChannelSpec("tool_results", (ToolCallCompleted,), ("tools", "replay"), ("planner", "alerts"),
                 "Tool results and errors.", routed=True, redrivable=True),
     ChannelSpec("runs", (RunStateSnapshot,), ("planner",), (),
                 "The latest state of every run (compacted), for anyone to read: its final state and a state that waits "
                 "for approval at once; a running run's at most once per AGENTSTREAM_SNAPSHOT_INTERVAL_MS (1 s)."),
+    ChannelSpec("sessions", (SessionUpdated,), ("planner", "client"), (),
+                "Each session's transcript after each of its turns (compacted), for anyone to read; `agentstream "
+                "session delete` writes the session's tombstone. PostgreSQL's `sessions` is the record.",
+                key="the session id, raw UTF-8 (its partition is its turns' runs')"),
     ChannelSpec("outcomes", (RunCompleted, RunFailed), ("planner",), ("client", "inference"),
                 "How each run ended: what clients wait for (the inference service stops generations of runs "
                 "that ended).", claim_checks=False),

@@ -44,6 +44,8 @@ def decision(step: Mapping[str, Any]) -> Decision:
             return ("model", "unparseable")
         if action.kind == "tool":
             return ("model", "tool", action.tool or "", _canon(action.arguments))
+        if action.kind == "tools":  # several calls at once: each is a tool step of its own after this one
+            return ("model", "tools", *(f"{c.tool} {_canon(c.arguments)}" for c in action.calls))
         if action.kind == "retrieve":
             return ("model", "retrieve", action.query or "")
         return ("model", "final_answer", action.answer or "")
@@ -61,6 +63,8 @@ def describe(d: Decision) -> str:
     if d[0] == "model":
         if d[1] == "tool":
             return f"→ tool {d[2]} {d[3]}"
+        if d[1] == "tools":
+            return "→ tools " + " ∥ ".join(d[2:])
         if d[1] == "retrieve":
             return f"→ retrieve {d[2]!r}"
         if d[1] == "final_answer":
@@ -169,6 +173,9 @@ def diff_runs(a: Mapping[str, Any], b: Mapping[str, Any]) -> RunDiff:
                 notes.append(f"kind {x.get('kind')} → {y.get('kind')}")
             elif changed and x.get("kind") == "tool" and da and db and da[1] == db[1]:
                 notes.append(f"arguments {da[2]} → {db[2]}")
+            pa, pb = _parallel(x), _parallel(y)
+            if pa != pb:
+                notes.append(f"{pa or 'alone'} → {pb or 'alone'}")
             result_changed = _result_key(x) != _result_key(y)
             if result_changed and not changed:
                 notes.append("same decision, different result")
@@ -186,6 +193,15 @@ def diff_runs(a: Mapping[str, Any], b: Mapping[str, Any]) -> RunDiff:
     oa, ob = outcome(a), outcome(b)
     return RunDiff(run_a=str(a.get("run_id", "")), run_b=str(b.get("run_id", "")), steps=out,
                    outcome_a=" ".join(oa), outcome_b=" ".join(ob), outcome_changed=oa != ob)
+
+
+def _parallel(step: Mapping[str, Any]) -> str | None:
+    """``call 2 of 3`` for a call made side by side with others of one model reply (its request's
+    ``parallel``, services/planner/publishing.py), else None."""
+    parallel = (step.get("request") or {}).get("parallel")
+    if not isinstance(parallel, dict):
+        return None
+    return f"call {int(parallel.get('call', 0)) + 1} of {parallel.get('calls')}"
 
 
 def _ms(step: Mapping[str, Any] | None, key: str) -> float | None:

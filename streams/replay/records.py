@@ -84,6 +84,19 @@ class Step:
         return bool(self.request.get("from_prefetch"))
 
     @property
+    def parallel(self) -> tuple[int, int] | None:
+        """(k, n): this tool step is call k (from 0) of n that one model reply made side by side (the
+        request's ``parallel``, services/planner/publishing.py); None for a step made alone."""
+        p = self.request.get("parallel")
+        return (int(p.get("call", 0)), int(p.get("calls", 1))) if isinstance(p, dict) else None
+
+    @property
+    def label(self) -> str:
+        """``#3 tool``, or ``#3 tool ∥ 2/4`` for the second of four calls made side by side."""
+        p = self.parallel
+        return f"#{self.index} {self.kind}" + (f" ∥ {p[0] + 1}/{p[1]}" if p else "")
+
+    @property
     def queue_ms(self) -> float | None:
         return ms(self.sent_at, self.picked_at)
 
@@ -127,6 +140,8 @@ class Span:
     end_ms: float
     step: int | None
     label: str
+    #: (k, n): the bar of call k of n made side by side (drawn in a row of its own within the lane).
+    row: tuple[int, int] | None = None
 
 
 @dataclass
@@ -190,18 +205,19 @@ class Timeline:
             out.append(Span("planner", "queue", ms(t0, task.produced_at) or 0.0, ms(t0, task.consumed_at) or 0.0,
                             None, "task → planner"))
         for s in self.steps:
-            lane, label = s.service, f"#{s.index} {s.kind}"
+            lane, label = s.service, s.label
             bars: tuple[tuple[SpanKind, datetime | None, datetime | None], ...] = (
                 ("queue", s.sent_at, s.picked_at), ("compute", s.picked_at, s.done_at),
                 ("transport", s.result_sent_at, s.returned_at))
             for kind, a, b in bars:
                 if a is not None and b is not None:
-                    out.append(Span(lane, kind, ms(t0, a) or 0.0, ms(t0, b) or 0.0, s.index, label))
+                    out.append(Span(lane, kind, ms(t0, a) or 0.0, ms(t0, b) or 0.0, s.index, label, s.parallel))
         return out
 
     def budget(self) -> Budget:
-        """The speed-of-light budget of the main chain (the prefetch runs beside it)."""
-        main = [s for s in self.steps if s.index >= 0]
+        """The speed-of-light budget of the main chain (the prefetch runs beside it). Of calls made side by
+        side, only the one that took longest is on the chain."""
+        main = _critical([s for s in self.steps if s.index >= 0])
         task = next((e for e in self.events if e.event_type == "TaskSubmitted"), None)
         hop = max(0.0, ms(task.produced_at, task.consumed_at) or 0.0) if task else 0.0
         return Budget(
@@ -229,6 +245,26 @@ class Timeline:
                 "kafka": self.kafka_counts(), "steps": [s.as_dict() for s in self.steps],
                 "events": [e.as_dict() for e in self.events],
                 "spans": [sp.__dict__ for sp in self.spans()], "timings_ms": self.timings}
+
+
+def _critical(steps: list[Step]) -> list[Step]:
+    """``steps`` with each group of parallel calls reduced to its longest call (queue + compute + back)."""
+    groups: dict[int, Step] = {}
+    out: list[Step] = []
+    for s in steps:
+        p = s.parallel
+        if p is None:
+            out.append(s)
+            continue
+        first = s.index - p[0]
+        best = groups.get(first)
+        if best is None or _chain_ms(s) > _chain_ms(best):
+            groups[first] = s
+    return out + list(groups.values())
+
+
+def _chain_ms(s: Step) -> float:
+    return sum(max(0.0, v or 0.0) for v in (s.queue_ms, s.compute_ms, s.transport_ms))
 
 
 __all__ = ["LANES", "PLANNER_INPUTS", "REQUESTS", "RESULTS", "SERVICE_OF", "Budget", "EventInfo", "KafkaCheck",

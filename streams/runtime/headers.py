@@ -15,4 +15,9 @@ SOURCE_HEADER = "agentstream-source"
 #: On a record the runtime forwarded to its run's partition: "topic:partition:offset" it came from.
 ROUTED_HEADER = "agentstream-routed-from"
 
-__all__ = ["ROUTED_HEADER", "SOURCE_HEADER", "TYPE_HEADER"]
+#: On a task that is a turn of a session: the session id (UTF-8). The planner handles a session's tasks in
+#: their order on the partition, each after the one before has been admitted (``ServiceConfig.order_keys``);
+#: without it, in the order their handling reaches the session (the same, unless one is retried).
+SESSION_HEADER = "agentstream-session"
+
+__all__ = ["ROUTED_HEADER", "SESSION_HEADER", "SOURCE_HEADER", "TYPE_HEADER"]

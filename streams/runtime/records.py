@@ -62,6 +62,9 @@ class ServiceConfig:
     outage_backoff_s: float = 5.0
     #: Forward an event that arrived on another partition than its run's (``middleware/routing.py``).
     route_by_run: bool = False
+    #: More keys a record is ordered by, besides its Kafka key: it is handled after every earlier record
+    #: that shares one of them (the planner: a turn of a session after the session's earlier turns).
+    order_keys: Callable[[Record], Sequence[bytes]] | None = None
 
 
 def is_retriable(exc: BaseException) -> bool:

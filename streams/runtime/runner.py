@@ -231,14 +231,18 @@ class ServiceRunner:
 
     def _schedule(self, tp: TopicPartition, record: Record, value: bytes | None) -> None:
         key = record.key if record.key is not None else f"{tp}:{record.offset}".encode()
-        previous = self._tails.get(key)
+        # A record also follows the earlier records of the service's other keys for it (``order_keys``).
+        keys = [key, *self.config.order_keys(record)] if self.config.order_keys is not None else [key]
+        previous = [t for t in (self._tails.get(k) for k in keys) if t is not None]
         task = asyncio.create_task(self._process(previous, tp, record, value))
-        self._tails[key] = task
+        for k in keys:
+            self._tails[k] = task
         self._tasks.setdefault(tp, set()).add(task)
 
-        def _cleanup(t: asyncio.Task[None], key: bytes = key, tp: TopicPartition = tp) -> None:
-            if self._tails.get(key) is t:
-                del self._tails[key]
+        def _cleanup(t: asyncio.Task[None], keys: list[bytes] = keys, tp: TopicPartition = tp) -> None:
+            for k in keys:
+                if self._tails.get(k) is t:
+                    del self._tails[k]
             self._tasks.get(tp, set()).discard(t)
 
         task.add_done_callback(_cleanup)
@@ -264,10 +268,10 @@ class ServiceRunner:
         return task
 
     # -- one record ----------------------------------------------------------------------------
-    async def _process(self, previous: asyncio.Task[None] | None, tp: TopicPartition, record: Record,
+    async def _process(self, previous: list[asyncio.Task[None]], tp: TopicPartition, record: Record,
                        value: bytes | None) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])  # same key: in order; its failure is not ours
+        if previous:
+            await asyncio.wait(previous)  # same key: in order; their failure is not ours
         try:
             async with self._sem:
                 await self._handle(tp, record, value)

@@ -43,6 +43,8 @@ from agentstream.streams.core.events import Event, InferenceRequested, uuid5_str
 from agentstream.streams.core.kinds import RunStatus, StepOutcome
 from agentstream.streams.core.outages import outage_of
 from agentstream.streams.core.signals import Fenced
+from agentstream.streams.store import sessions
+from agentstream.streams.store.sessions import SessionRow, SessionWrite, TurnRef
 
 if TYPE_CHECKING:
     from agentstream.streams.telemetry.stages import StageClock
@@ -145,6 +147,8 @@ class Transition:
     steps_completed: Sequence[StepResult] = ()
     #: The lease this transition was decided under (None: unfenced, e.g. a tool writing outside a planner).
     lease: Lease | None = None
+    #: What the transition writes to its session (a turn of a session: streams/store/sessions.py).
+    session: SessionWrite | None = None
 
 
 @dataclass
@@ -252,6 +256,14 @@ class TransitionStore:
         state: str | None = await self.pool.fetchval("SELECT state::text FROM runs WHERE run_id = $1", run_id)
         return state
 
+    async def load_session(self, topic_prefix: str, session: str) -> SessionRow | None:
+        """The session ``session`` of the pipeline on ``topic_prefix`` (streams/store/sessions.py)."""
+        return await sessions.load(self.pool, topic_prefix, session)
+
+    async def session_turns(self, topic_prefix: str, session: str) -> list[TurnRef]:
+        """The session's turns that have not ended, in queue order (streams/store/sessions.py)."""
+        return await sessions.active_turns(self.pool, topic_prefix, session)
+
     async def active_states(self, topic_prefix: str = "") -> list[str]:
         """The unfinished runs of the pipeline on ``topic_prefix`` (replays and tests share the database)."""
         rows = await self.pool.fetch(
@@ -343,6 +355,7 @@ class TransitionStore:
             "steps_completed": [{"run_id": t.run.run_id, "step_id": c.step_id, "status": c.status,
                                  "result": c.result, "error": c.error, "completed_at": c.completed_at}
                                 for t in batch for c in t.steps_completed],
+            "sessions": [t.session.to_doc() for t in batch if t.session is not None],
         }
         text = to_json(doc)
         if self._capture is not None:

@@ -9,8 +9,10 @@ request (services/planner/publishing.py: tool calls are not ``EARLY``). A call i
 - its run exists, belongs to this pipeline (the state's ``topic_prefix``) and has not ended (completed,
   failed, cancelled: a cancelled run is ``failed`` with error code ``cancelled``);
 - its tool is one of the run's tools;
-- its step is the run's pending step, a tool step, with the same tool and arguments (compared as JSON);
-- the run is not waiting for a person, and when the tool needs approval (the run's ``approval_tools``,
+- its step is the run's pending step, a tool step, with the same tool and arguments (compared as JSON) —
+  or one of the calls of the run's pending fan-out (pending kind ``tools``: several calls of one model
+  reply, each with its own step id, services/planner/fanout.py) that has not been answered yet;
+- the call is not waiting for a person, and when the tool needs approval (the run's ``approval_tools``,
   fixed from the catalogue when the run started, or this worker's own definition of the tool) the
   pending request carries the approval (``approved_by``, written by the planner in the transition that
   recorded the ``ApprovalDecided``).
@@ -52,19 +54,25 @@ ANSWERED: Final[frozenset[Refusal]] = frozenset({"approval_required"})
 #: The final SELECT sees the table as it was before the statement: ``t`` is the call's earlier row, if any.
 _CLAIM = """
 WITH run AS (
-    SELECT status, error_code, state FROM runs WHERE run_id = $2
+    SELECT status, error_code, state,
+           CASE WHEN state->>'pending_kind' = 'tools'
+                THEN jsonb_path_query_first(state->'pending_request', '$.calls[*] ? (@.step_id == $step)',
+                                            jsonb_build_object('step', $1::text))
+                WHEN state->>'pending_kind' = 'tool' AND state->>'pending_step_id' = $1
+                THEN state->'pending_request' END AS request
+    FROM runs WHERE run_id = $2
 ), verdict AS (
     SELECT CASE
         WHEN run.state IS NULL THEN 'unknown_run'
         WHEN coalesce(run.state->>'topic_prefix', '') <> $5 THEN 'other_pipeline'
         WHEN run.status IN ('completed', 'failed') THEN 'run_finished'
         WHEN NOT coalesce(run.state->'tools' ? $3, false) THEN 'tool_not_allowed'
-        WHEN run.state->>'pending_step_id' IS DISTINCT FROM $1
-             OR run.state->>'pending_kind' IS DISTINCT FROM 'tool' THEN 'not_pending'
-        WHEN run.status = 'awaiting_approval' THEN 'awaiting_approval'
-        WHEN run.state->'pending_request'->>'tool' IS DISTINCT FROM $3
-             OR run.state->'pending_request'->'arguments' IS DISTINCT FROM $4::jsonb THEN 'not_as_requested'
-        WHEN run.state->'pending_request' ? 'approved_by' THEN NULL
+        WHEN run.request IS NULL OR run.request ? 'done' THEN 'not_pending'
+        WHEN run.request ? 'awaiting_approval'
+             OR (run.status = 'awaiting_approval' AND run.state->>'pending_kind' = 'tool') THEN 'awaiting_approval'
+        WHEN run.request->>'tool' IS DISTINCT FROM $3
+             OR run.request->'arguments' IS DISTINCT FROM $4::jsonb THEN 'not_as_requested'
+        WHEN run.request ? 'approved_by' THEN NULL
         WHEN coalesce(run.state->'approval_tools' ? $3, false) THEN 'not_approved'
         WHEN $6::boolean THEN 'approval_required'
     END AS refusal, run.status, run.error_code, run.state->>'pending_step_id' AS pending_step
@@ -94,9 +102,11 @@ FROM tool_calls WHERE step_id = $1
 #: A call of an idempotent tool leaves no row in ``tool_calls``; when such a call is refused because its
 #: run has moved on, this tells a redelivered copy (its step recorded as done, with this very tool and
 #: these arguments: the planner has the answer) from a forgery.
+#: With ``$5`` true, a step the run requested and never had answered counts too: the run ended (a deadline,
+#: a cancel) while its call was on its way, so the call is stale, not forged.
 _ANSWERED = """
 SELECT EXISTS (SELECT 1 FROM steps
-               WHERE step_id = $1 AND run_id = $2 AND kind = 'tool' AND status <> 'requested'
+               WHERE step_id = $1 AND run_id = $2 AND kind = 'tool' AND (status <> 'requested' OR $5)
                  AND request->>'tool' = $3 AND request->'arguments' = $4::jsonb)
 """
 #: The refusals a copy of an answered call meets: the run waits for a later step, or has ended.
@@ -152,12 +162,15 @@ async def claim(pool: asyncpg.Pool, call: ToolCallRequested, arguments_json: str
     return _earlier(call, earlier)
 
 
-async def answered(pool: asyncpg.Pool, call: ToolCallRequested, arguments_json: str | None) -> bool:
+async def answered(pool: asyncpg.Pool, call: ToolCallRequested, arguments_json: str | None, *,
+                   or_requested: bool = False) -> bool:
     """Whether ``call``'s run recorded its step as done with exactly this tool and these arguments: a
-    redelivered copy of a call already answered (for calls that keep no ``tool_calls`` row)."""
+    redelivered copy of a call already answered (for calls that keep no ``tool_calls`` row). With
+    ``or_requested``, also a step the run requested and never had answered (its run ended first)."""
     if arguments_json is None:
         return False
-    return bool(await pool.fetchval(_ANSWERED, call.step_id, call.run_id, call.tool, arguments_json))
+    return bool(await pool.fetchval(_ANSWERED, call.step_id, call.run_id, call.tool, arguments_json,
+                                    or_requested))
 
 
 def _earlier(call: ToolCallRequested, row: asyncpg.Record) -> Verdict:

@@ -50,13 +50,18 @@ async def can_write(stack: PrivateStack, principal: str, topic: str) -> bool:
 
 
 async def can_read(stack: PrivateStack, principal: str, topic: str) -> bool:
-    """Whether ``principal`` gets a record the administrator just wrote (an unauthorized fetch returns
-    nothing: aiokafka logs the refusal and keeps trying)."""
+    """Whether ``principal`` gets a record the administrator just wrote. Kafka lists to a principal only
+    the topics it may describe, and reading implies describing: a topic missing from its list is one it
+    cannot read, known at once (its fetches would return nothing, aiokafka logging the refusal and
+    trying again, until this gave up after 3 s). A principal that may describe the topic but not read it
+    has its fetch refused (TopicAuthorizationFailedError)."""
     await send(stack, "admin", topic, b"marker", "acl-check", 0)
     consumer = AIOKafkaConsumer(**kafka_options(stack.bootstrap, stack.auth(principal)), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=5000)
     await consumer.start()
     try:
+        if topic not in await consumer.topics():
+            return False
         consumer.assign([TopicPartition(topic, 0)])
         for _ in range(6):
             try:

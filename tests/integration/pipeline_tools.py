@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 from agentstream.services.tools.registry import ToolContext, tool
 
@@ -19,16 +20,31 @@ async def effect(label: str, ctx: ToolContext) -> str:
     return f"recorded {label}"
 
 
-#: Set by a test to hold ``gated_effect`` between its start and its write (in-process workers only).
-GATE = asyncio.Event()
-ENTERED = asyncio.Event()
+#: ``GATE`` and ``ENTERED`` (module attributes, ``pipeline_tools.GATE``): set by a test to hold
+#: ``gated_effect`` between its start and its write (in-process workers only). One pair per event loop:
+#: an asyncio event belongs to the loop that first waits on it, and each test module runs in a loop of
+#: its own, so one module-wide pair broke the second module that used it.
+_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Event]] = weakref.WeakKeyDictionary()
+
+
+def _gate() -> dict[str, asyncio.Event]:
+    loop = asyncio.get_running_loop()
+    if loop not in _GATES:
+        _GATES[loop] = {"GATE": asyncio.Event(), "ENTERED": asyncio.Event()}
+    return _GATES[loop]
+
+
+def __getattr__(name: str) -> asyncio.Event:
+    if name in ("GATE", "ENTERED"):
+        return _gate()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @tool(description="Record a side effect once a test opens the gate.", timeout_s=60)
 async def gated_effect(label: str, ctx: ToolContext) -> str:
     assert ctx.pool is not None
-    ENTERED.set()
-    await GATE.wait()
+    _gate()["ENTERED"].set()
+    await _gate()["GATE"].wait()
     await ctx.pool.execute("INSERT INTO test_effects (run_id, step_id, label) VALUES ($1, $2, $3)",
                            ctx.run_id, ctx.step_id, label)
     return f"recorded {label}"

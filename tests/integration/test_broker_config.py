@@ -28,7 +28,8 @@ from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.config.stack_state import StackPaths
 from agentstream.streams.core.errors import StackError, TopicMismatch, TopicsMissing
-from agentstream.streams.kafka.topics import Topics, ensure_topics
+from agentstream.streams.kafka.topic_admin import ensure_topics
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import Pipeline
 
 AUTO_CREATE = {"auto.create.topics.enable": "true", "num.partitions": "1"}  # Kafka's defaults

@@ -17,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
@@ -64,7 +65,8 @@ def test_quick_chaos_suite(tmp_path: Path) -> None:
     assert "suite_error" not in result, f"the suite could not run: {result.get('suite_error')}\n{context}"
     assert result["runs"] > 0, context
     violations = {key: result[key] for key in ("lost", "stuck", "duplicated_effects", "duplicated_events",
-                                               "snapshot_regressions", "dead_letters", "failed_without_reason")
+                                               "snapshot_regressions", "dead_letters", "failed_without_reason",
+                                               "session_violations")
                   if result[key]}
     details = {key: result[key] for key in ("lost_runs", "stuck_runs", "duplicated_events_detail",
                                             "duplicated_effect_examples", "snapshot_regression_examples",
@@ -133,8 +135,27 @@ def test_a_clean_run_passes(chaos: dict[str, ModuleType]) -> None:
     report = check.build_report([run], evidence, [], [], GRACE_S, {"run-a": T0 + 2})
     assert report.counts == {"runs": 1, "completed": 1, "failed_by": {}, "lost": 0, "stuck": 0,
                              "duplicated_effects": 0, "duplicated_events": 0, "snapshot_regressions": 0,
-                             "dead_letters": 0, "failed_without_reason": 0}
+                             "dead_letters": 0, "failed_without_reason": 0, "session_violations": 0}
     assert report.details["completed_runs_missing_effects"] == 0
+
+
+def test_a_sessions_transcript_is_checked_against_its_completed_turns(chaos: dict[str, ModuleType]) -> None:
+    """Every completed turn once, in its order on the partition (``session_seq``), the oldest maybe dropped."""
+    check = chaos["chaos_check"]
+    turns = [replace(_run(chaos, f"t{i}", "session"), session="s") for i in (1, 2, 3)]
+    rows = {t.run_id: _row("completed") for t in turns}
+    outcomes = [_rec(chaos, _completed(t.run_id), n) for n, t in enumerate(turns)]
+    seqs = {"t1": 4, "t2": 9, "t3": 12}
+
+    def violations(transcript: list[str], dropped: int = 0) -> int:
+        evidence = _evidence(chaos, outcomes=outcomes, rows=rows, sessions={"s": (transcript, dropped)}, seqs=seqs)
+        return check.build_report(turns, evidence, [], [], GRACE_S, {}).counts["session_violations"]
+
+    assert violations(["baseline", "t1", "t2", "t3"]) == 0  # (a turn the verdict does not judge may come first)
+    assert violations(["t2", "t3"], dropped=1) == 0  # the oldest dropped for the budget
+    assert violations(["t2", "t1", "t3"]) == 1  # reordered
+    assert violations(["t1", "t3"]) == 1  # lost
+    assert violations(["t1", "t2", "t2", "t3"]) == 1  # doubled
 
 
 def test_each_violation_is_counted(chaos: dict[str, ModuleType]) -> None:

@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -22,6 +23,7 @@ from agentstream.services.worker import WorkerOptions
 from agentstream.streams.core.events import DeadLetter, ToolCallCompleted, ToolCallRequested, new_run_id
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events, wait_awaiting_approval
+from tests.integration import pipeline_tools
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
@@ -196,3 +198,99 @@ async def test_a_late_copy_of_an_idempotent_tools_call_is_dropped_and_a_changed_
     assert [(m.source_partition, m.source_offset) for m in letters] == [(letter.source_partition,
                                                                          letter.source_offset)]
     assert len(await _results(pipe, run_id)) == 1
+
+
+# -- parallel calls (services/planner/fanout.py): the claim accepts each call of the pending set, once ------
+
+async def _requests(pipe, run_id: str) -> list[ToolCallRequested]:
+    """Every ToolCallRequested of ``run_id`` on the topic: the calls of a fan-out are keyed by their own
+    step id, so they are spread over the partitions."""
+    topics = pipe.worker.runtime.topics
+    tps = [TopicPartition(topics.tool_requests, p) for p in range(topics.partitions)]
+    ends = await end_offsets(pipe.settings, tps)
+    found: list[ToolCallRequested] = []
+    for tp in tps:
+        if ends[tp]:
+            found += [e for e in await read_events(pipe.settings, tp, 0, expect=ends[tp], timeout=5)
+                      if isinstance(e, ToolCallRequested) and e.run_id == run_id]
+    return found
+
+
+async def test_a_reply_with_three_calls_runs_each_once_side_by_side_and_the_model_gets_every_result(pipe):
+    run_id = await pipe.client.submit('[[tools:effect {"label": "p1"} | sleep {"seconds": 0.3} | '
+                                      'effect {"label": "p3"}]]', tools=["effect", "sleep"], prefetch=False)
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok and result.steps == 5, result
+    # The model's next reply saw every result, in the order it asked for them.
+    assert result.answer == ('Based on the last step: effect returned: "recorded p1" | '
+                             'sleep returned: "slept 0.3 s" | effect returned: "recorded p3"'), result
+    assert sorted(await _effects(pipe, run_id)) == ["p1", "p3"]
+    steps = (await pipe.client.status(run_id))["steps"]
+    assert [(s["step_index"], s["kind"], s["status"]) for s in steps] == [
+        (0, "model", "completed"), (1, "tool", "completed"), (2, "tool", "completed"), (3, "tool", "completed"),
+        (4, "model", "completed")]
+    calls = steps[1:4]
+    assert [s["request"]["parallel"] for s in calls] == [{"call": k, "calls": 3} for k in range(3)]
+    assert len({s["requested_at"] for s in calls}) == 1  # one transition fanned them out
+    assert calls[0]["completed_at"] < calls[1]["completed_at"]  # p1 did not wait for the sleep before it
+    assert [r.step_id for r in sorted(await _results(pipe, run_id), key=lambda r: r.step_id)] == [
+        f"{run_id}:{i}:tool" for i in (1, 2, 3)]
+
+
+async def test_a_redelivered_fan_out_runs_no_call_twice(pipe):
+    pipeline_tools.GATE.clear()
+    pipeline_tools.ENTERED.clear()
+    try:
+        run_id = await pipe.client.submit('[[tools:gated_effect {"label": "g1"} | gated_effect {"label": "g2"}]]',
+                                          tools=["gated_effect"], prefetch=False)
+        await asyncio.wait_for(pipeline_tools.ENTERED.wait(), 30)
+        requests = await _requests(pipe, run_id)
+        assert sorted(r.step_id for r in requests) == [f"{run_id}:1:tool", f"{run_id}:2:tool"]
+        # The same requests again, as a planner republishing the fan-out sends them, while the calls run.
+        producer = AIOKafkaProducer(bootstrap_servers=pipe.settings.kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for request in requests * 2:
+                await producer.send_and_wait(pipe.worker.runtime.topics.tool_requests,
+                                             codec_for(pipe.settings).encode(request), key=request.step_id.encode())
+        finally:
+            await producer.stop()
+        await asyncio.sleep(0.5)
+    finally:
+        pipeline_tools.GATE.set()
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok and "recorded g1" in (result.answer or "") and "recorded g2" in (result.answer or ""), result
+    assert sorted(await _effects(pipe, run_id)) == ["g1", "g2"]
+    pool = await pipe.client.pool()
+    rows = await pool.fetch("SELECT step_id, status, attempts FROM tool_calls WHERE run_id = $1 ORDER BY step_id",
+                            run_id)
+    assert [tuple(r) for r in rows] == [(f"{run_id}:1:tool", "succeeded", 1), (f"{run_id}:2:tool", "succeeded", 1)]
+
+
+async def test_a_call_that_needs_approval_holds_only_itself(pipe):
+    run_id = await pipe.client.submit('[[tools:transfer {"amount": 7} | effect {"label": "free"}]]',
+                                      tools=["transfer", "effect"], prefetch=False)
+    waiting = await wait_awaiting_approval(pipe.client, run_id, 15)
+    step = f"{run_id}:1:tool"
+    assert (waiting["step_id"], waiting["tool"], waiting["arguments"]) == (step, "transfer", {"amount": 7})
+    pool = await pipe.client.pool()
+    deadline = time.monotonic() + 15
+    # The other call ran meanwhile; its result is in, and only the call waiting for a person holds the fan-in.
+    while (await pool.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) != "awaiting_approval"
+           or await _effects(pipe, run_id) != ["free"]):
+        assert time.monotonic() < deadline, await _effects(pipe, run_id)
+        await asyncio.sleep(0.1)
+    await _refused(pipe, _forged(run_id, step, "transfer", {"amount": 7}), "awaiting_approval")
+    # An approver's record (AGENTSTREAM_APPROVALS=recorded) is accepted for the waiting call of the fan-out
+    # (migration 0017), and refused for its other call, which waits for no one.
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await pool.fetchrow("SELECT * FROM agentstream_decide($1, $2, true, '')", run_id, f"{run_id}:2:tool")
+    assert refused.value.sqlstate == "ZA001"
+    recorded = await pool.fetchrow("SELECT * FROM agentstream_decide($1, $2, true, 'fine')", run_id, step)
+    assert recorded["approved"] and recorded["decided_now"]
+
+    await pipe.client.approve(run_id, step, by="ana")
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.ok and result.answer is not None, result
+    assert result.answer.index("transfer returned") < result.answer.index("effect returned"), result.answer
+    assert sorted(await _effects(pipe, run_id)) == ["free", "transfer 7"]

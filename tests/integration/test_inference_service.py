@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from agentstream.services.worker import WorkerOptions
+from agentstream.streams.core.actions import parse_action
 from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -37,6 +38,7 @@ async def test_tokens_stream_live_and_resume_without_loss_or_repeat(pipe):
     for token in tokens:
         streamed[token.step_id] = streamed.get(token.step_id, "") + token.text
     assert streamed == model_steps  # every token of every model step, in order, nothing else
+    assert parse_action(streamed[tokens[-1].step_id]).answer == result.answer  # the answer streamed too
     assert len(tokens) > 4
     offsets = [t.offset for t in tokens]
     assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)

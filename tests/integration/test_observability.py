@@ -30,6 +30,7 @@ from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover
 from agentstream.streams.telemetry.tracing import Tracing, span_record
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events
+from tests.integration.partition_reads import read_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
@@ -211,7 +212,8 @@ async def test_alerts_fire_for_a_slow_tool_and_a_lagging_group(pipe, tmp_path):
     assert alert.value >= 0.5 and alert.threshold == 0.2 and alert.window_start is not None
     assert alert.parent_step_id is not None and alert.parent_step_id.startswith(slow)
     assert len(lag_alerts) == 1 and lag_alerts[0].kind == "consumer_lag" and lag_alerts[0].value > 2
-    published = await read_events(pipe.settings, tp, start, expect=10, timeout=3)
+    published = await read_until(pipe.settings, [tp], lambda events: lag_alerts[0].event_id in
+                                 {e.event_id for e in events}, start=start)
     assert lag_alerts[0].event_id in {e.event_id for e in published}
 
 

@@ -5,7 +5,10 @@ extra, which ``dev`` includes."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -17,40 +20,58 @@ from agentstream.streams.telemetry.tracing import Tracing
 from agentstream.testing import Pipeline, isolated
 
 
-async def _collector() -> tuple[web.AppRunner, str, list[tuple[str, bytes]]]:
-    """A stand-in for a collector's OTLP/HTTP receiver: it keeps each request's content type and body."""
+@contextmanager
+def _collector() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    """A stand-in for a collector's OTLP/HTTP receiver: it keeps each request's content type and body.
+    It serves from a thread and an event loop of its own, as a real collector is another process: the
+    worker flushes its spans when it closes with the test's loop blocked, and a receiver on that loop
+    answered the flush only after the exporter had given up (10 s, and a batch of spans lost)."""
     received: list[tuple[str, bytes]] = []
+    started = threading.Event()
+    box: dict = {}
 
     async def traces(request: web.Request) -> web.Response:
         received.append((request.content_type, await request.read()))
         return web.Response(body=b"", content_type="application/x-protobuf")
 
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://127.0.0.1:{port}/v1/traces", received
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/traces", traces)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        box.update(loop=asyncio.get_running_loop(), stop=asyncio.Event(), port=runner.addresses[0][1])
+        started.set()
+        try:
+            await box["stop"].wait()
+        finally:
+            await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), name="otlp-collector", daemon=True)
+    thread.start()
+    assert started.wait(30), "the collector did not start"
+    try:
+        yield f"http://127.0.0.1:{box['port']}/v1/traces", received
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
 
 
 async def test_a_runs_spans_reach_an_otlp_endpoint_as_one_trace(settings):
-    runner, endpoint, received = await _collector()
-    tracing = Tracing.from_settings(TelemetrySettings(tracing="otlp", otlp_endpoint=endpoint))
-    assert tracing is not None
-    telemetry_tracing.install(tracing)  # the client's root span too
-    try:
-        async with Pipeline.start(isolated(settings, f"t{uuid.uuid4().hex[:8]}."),
-                                  WorkerOptions(backend="scripted", tracing=tracing)) as pipe:
-            run_id = await pipe.client.submit("What is 17 * 23?", tools=["calculator"], max_steps=5,
-                                              prefetch=False)
-            assert (await pipe.client.wait(run_id, timeout=30)).ok
-        # The exporter posts from its own threads with blocking HTTP; this loop must keep serving them.
-        await asyncio.to_thread(tracing.shutdown)
-    finally:
-        telemetry_tracing.install(None)
-        await runner.cleanup()
+    with _collector() as (endpoint, received):
+        tracing = Tracing.from_settings(TelemetrySettings(tracing="otlp", otlp_endpoint=endpoint))
+        assert tracing is not None
+        telemetry_tracing.install(tracing)  # the client's root span too
+        try:
+            async with Pipeline.start(isolated(settings, f"t{uuid.uuid4().hex[:8]}."),
+                                      WorkerOptions(backend="scripted", tracing=tracing)) as pipe:
+                run_id = await pipe.client.submit("What is 17 * 23?", tools=["calculator"], max_steps=5,
+                                                  prefetch=False)
+                assert (await pipe.client.wait(run_id, timeout=30)).ok
+            # The exporter posts from its own threads with blocking HTTP.
+            await asyncio.to_thread(tracing.shutdown)
+        finally:
+            telemetry_tracing.install(None)
 
     assert received and {ctype for ctype, _ in received} == {"application/x-protobuf"}
     spans = [span for _, body in received

@@ -53,6 +53,16 @@ class Load:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(every_s)
 
+    async def settle(self, runs: int = 3, timeout: float = 120) -> None:
+        """Until ``runs`` runs submitted from now on have completed: work flows through whichever processes
+        hold the partitions now (rather than a fixed sleep before a fault, or during one)."""
+        first = len(self.run_ids)
+        deadline = time.monotonic() + timeout
+        while len(self.run_ids) < first + runs:
+            assert time.monotonic() < deadline and not self.errors, ("no runs submitted", self.errors)
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*(self.pipe.client.wait(r, timeout=timeout) for r in self.run_ids[first:first + runs]))
+
     async def check(self, pool_url: str) -> None:
         assert self.errors == [], "submit failed during the fault"
         results = await asyncio.gather(*(self.pipe.client.wait(r, timeout=240) for r in self.run_ids))
@@ -93,7 +103,7 @@ async def test_postgres_stopped_for_30_s_mid_load(stack, tmp_path):
     try:
         load = Load(pipe)
         submitting = asyncio.create_task(load.submit(60, 0.5))
-        await asyncio.sleep(5)
+        await load.settle()  # runs complete, and more are in flight, when the database stops
         await stack.stop_postgres()
         reported = []
         stopped_at = time.monotonic()
@@ -149,7 +159,7 @@ async def test_broker_killed_and_restarted_mid_load(stack, tmp_path):
     try:
         load = Load(pipe)
         submitting = asyncio.create_task(load.submit(40, 0.25))
-        await asyncio.sleep(4)
+        await load.settle()
         await stack.kill_kafka()
         await asyncio.sleep(3)
         await stack.start_kafka()
@@ -162,15 +172,17 @@ async def test_broker_killed_and_restarted_mid_load(stack, tmp_path):
 
 
 async def test_a_paused_planner_is_fenced(stack, tmp_path):
-    """SIGSTOP one of two planners for 15 s (its session times out after 6 s, its partitions move), then
-    SIGCONT: nothing it had in flight is published over its successor's work."""
+    """SIGSTOP one of two planners until its session has timed out (6 s), its partitions have moved and its
+    successor has got on with the runs, then SIGCONT: nothing it had in flight is published over its
+    successor's work."""
     pipe_cm, pipe, procs = await _pipeline(stack, tmp_path)
     try:
         load = Load(pipe)
         submitting = asyncio.create_task(load.submit(60, 0.25))
-        await asyncio.sleep(4)
+        await load.settle()
         procs[0].send_signal(signal.SIGSTOP)
-        await asyncio.sleep(15)
+        await wait_for_members(pipe.settings.kafka_bootstrap, pipe.worker.runtime.topics.group("planner"), 1)
+        await load.settle()  # completed by the successor alone
         procs[0].send_signal(signal.SIGCONT)
         await submitting
         await load.check(stack.database_url)

@@ -1,4 +1,5 @@
-"""kill -9 of the planner mid-run, then a restart: every run completes and no tool runs twice."""
+"""kill -9 of the planner mid-run, then a restart: every run completes, no tool runs twice, and a session's
+turns run once each, in order."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ async def test_planner_killed_mid_run_recovers_without_duplicate_effects(setting
         try:
             pool = await pipe.client.pool()
             run_ids = [await pipe.client.submit(TASK, tools=["effect"], max_steps=8) for _ in range(RUNS)]
+            # A conversation whose turns are running and queued when the planner dies.
+            session = f"chat-{uuid.uuid4().hex[:6]}"
+            turns = [await pipe.client.submit(text, tools=[], prefetch=False, session=session) for text in (
+                "[[slow:150]] [[answer:a1]]", "[[slow:150]] [[answer:a2]]", "[[slow:150]] [[answer:a3]]", "[[recall]]")]
 
             async def some_effects() -> bool:
                 return await pool.fetchval("SELECT count(*) FROM test_effects WHERE run_id = ANY($1)", run_ids) >= 5
@@ -38,13 +43,20 @@ async def test_planner_killed_mid_run_recovers_without_duplicate_effects(setting
             at_kill = await pool.fetchval("SELECT count(*) FROM runs WHERE run_id = ANY($1) AND status = 'completed'",
                                           run_ids)
             assert at_kill < RUNS, "the planner was killed after every run had finished: nothing was tested"
+            assert await pool.fetchval("SELECT count(*) FROM runs WHERE run_id = ANY($1) AND status = 'completed'",
+                                       turns) < len(turns), "the conversation had ended: nothing was tested"
 
             planner = start_worker(s, "planner", log)
             results = await asyncio.gather(*(pipe.client.wait(r, timeout=90) for r in run_ids))
+            answers = [(await pipe.client.wait(t, timeout=90)).answer for t in turns]
         finally:
             planner.kill()
             planner.wait()
         assert all(r.ok for r in results), [r for r in results if not r.ok]
+        # The turns ran once each, in order, each from the transcript the ones before it left.
+        assert answers == ["a1", "a2", "a3", "recall: a1 | a2 | a3"]
+        details = await pipe.client.sessions.show(session)
+        assert details is not None and [t["run_id"] for t in details.row.turns] == turns
         rows = await pool.fetch("SELECT run_id, label, count(*) AS n FROM test_effects WHERE run_id = ANY($1) "
                                 "GROUP BY run_id, label", run_ids)
         assert {(r["run_id"], r["label"]) for r in rows} == {(r, lbl) for r in run_ids for lbl in ("first", "second")}

@@ -1,8 +1,9 @@
-"""Planner features end to end: speculative retrieval (prefetch) and human approval of tool calls."""
+"""Planner features end to end: speculative retrieval (prefetch), human approval of tool calls, and sessions."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -11,6 +12,7 @@ import pytest_asyncio
 
 from agentstream.services.worker import WorkerOptions
 from agentstream.testing import Pipeline, isolated, wait_awaiting_approval
+from tests.integration.processes import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOOLS = ("agentstream.services.tools.builtin", "tests.integration.pipeline_tools")
@@ -105,3 +107,93 @@ async def test_a_planner_on_another_prefix_never_adopts_the_run(pipe):
     assert run_id in pipe.worker.planner.cache
     await pipe.client.deny(run_id, waiting["step_id"], reason="done", by="test")
     assert (await pipe.client.wait(run_id, timeout=30)).ok
+
+
+# -- sessions (conversations) -------------------------------------------------------------------------
+async def _mirror(pipe, session: str) -> list[bytes | None]:
+    """The values ``agent.sessions`` holds for ``session``'s key, oldest first (None: a tombstone)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topics = pipe.client.topics
+    tp = TopicPartition(topics.sessions, topics.partition_for(session))
+    consumer = AIOKafkaConsumer(**pipe.settings.kafka_options(), enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes | None] = []
+        while await consumer.position(tp) < end:
+            for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                if record.key == session.encode():
+                    values.append(record.value)
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def _mirrored(pipe, session: str, turns: int) -> list:
+    """The session's latest ``SessionUpdated`` once it holds ``turns`` turns (it is published just after the
+    turn's outcome)."""
+    for _ in range(50):
+        values = [v for v in await _mirror(pipe, session) if v is not None]
+        if values and len(latest := pipe.client.runtime.codec.decode(values[-1]).turns) == turns:
+            return latest
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"agent.sessions never held {turns} turns of {session}")
+
+
+async def test_a_sessions_third_turn_sees_the_first_two(pipe):
+    session = f"chat-{uuid.uuid4().hex[:6]}"
+    answers = []
+    for text in ("[[answer:alpha]] my name is Ada", "[[answer:beta]] I live in Paris", "[[recall]] who am I?"):
+        run_id = await pipe.client.submit(text, tools=[], prefetch=False, session=session)
+        assert pipe.client.topics.partition_for(run_id) == pipe.client.topics.partition_for(session)
+        answers.append((await pipe.client.wait(run_id, timeout=30)).answer)
+    assert answers == ["alpha", "beta", "recall: alpha | beta"]
+    details = await pipe.client.sessions.show(session)
+    assert details is not None and details.going == []
+    assert [t["answer"] for t in details.row.turns] == answers and details.row.turns[0]["user"].endswith("Ada")
+    # the turn's own run records the transcript it started from (what `replay rerun` feeds it again)
+    pool = await pipe.client.pool()
+    started = await pool.fetchval("SELECT state->'session_turns' FROM runs WHERE run_id = $1", run_id)
+    assert [t["answer"] for t in json.loads(started)] == ["alpha", "beta"]
+    assert [t.answer for t in await _mirrored(pipe, session, 3)] == answers  # the compacted mirror
+
+
+async def test_two_turns_submitted_at_once_both_run_in_order(pipe):
+    session = f"chat-{uuid.uuid4().hex[:6]}"
+    first = await pipe.client.submit("[[slow:300]] [[answer:one]] first", tools=[], prefetch=False, session=session)
+    second = await pipe.client.submit("[[recall]] second", tools=[], prefetch=False, session=session)
+    one, two = await asyncio.gather(pipe.client.wait(first, timeout=30), pipe.client.wait(second, timeout=30))
+    assert (one.answer, two.answer) == ("one", "recall: one")  # the second began once the first had ended
+    pool = await pipe.client.pool()
+    ended = await pool.fetchval("SELECT finished_at FROM runs WHERE run_id = $1", first)
+    began = await pool.fetchval("SELECT min(requested_at) FROM steps WHERE run_id = $1", second)
+    assert began >= ended
+
+
+async def test_deleting_a_session_erases_it_stops_its_turn_and_tombstones_it(pipe):
+    session = f"chat-{uuid.uuid4().hex[:6]}"
+    done = await pipe.client.submit("[[answer:kept]]", tools=[], prefetch=False, session=session)
+    assert (await pipe.client.wait(done, timeout=30)).ok
+    running = await pipe.client.submit("[[slow:5000]] [[answer:never]]", tools=[], prefetch=False, session=session)
+    queued = await pipe.client.submit("[[answer:never either]]", tools=[], prefetch=False, session=session)
+
+    async def both_arrived() -> bool:
+        details = await pipe.client.sessions.show(session)
+        return details is not None and [(t.run_id, t.status) for t in details.going] == [
+            (running, "running"), (queued, "queued")]
+
+    await wait_for(both_arrived, 10, "the second turn running and the third queued")
+    assert await pipe.client.sessions.delete(session) == [running, queued]
+    for run_id in (running, queued):
+        result = await pipe.client.wait(run_id, timeout=10)
+        assert (result.status, result.error_code) == ("failed", "session_deleted"), result
+    pool = await pipe.client.pool()
+    row = await pool.fetchrow("SELECT turns::text, epoch FROM sessions WHERE session_id = $1", session)
+    assert json.loads(row["turns"]) == [] and row["epoch"] == 1  # erased
+    assert (await _mirror(pipe, session))[-1] is None  # tombstoned
+    assert await pipe.client.sessions.delete("no-such-session") is None
+    again = await pipe.client.submit("[[recall]]", tools=[], prefetch=False, session=session)
+    assert (await pipe.client.wait(again, timeout=30)).answer == "recall:"  # the id again: a new session

@@ -176,9 +176,25 @@ async def test_diff_flags_a_changed_tool_argument(original, settings):
 
 async def test_a_replayed_request_without_a_recorded_counterpart_gets_an_error(original, settings):
     """Recorded mode with a tool the original never called: the planner's decision differs (here: the
-    tool is not allowed, so the model is told), and the pipeline still finishes."""
+    tool is not allowed, so the model is told), and the pipeline still finishes. In the same replay
+    session, a turn of a conversation replays from the transcript recorded with it: the model sees what
+    it saw then, whatever the session holds now."""
+    client = original.pipe.client
+    conversation = f"chat-{uuid.uuid4().hex[:6]}"
+    turns = [await client.submit(text, tools=[], prefetch=False, session=conversation)
+             for text in ("[[answer:alpha]] hello", "[[recall]] again")]
+    assert (await client.wait(turns[1], timeout=30)).answer == "recall: alpha"
+    later = await client.submit("[[answer:gamma]] later", tools=[], prefetch=False, session=conversation)
+    assert (await client.wait(later, timeout=30)).ok  # the session has moved on since turn 2
     async with ReplaySession(settings, "recorded", OPTIONS) as session:
         result = await session.replay(original.no_prefetch, overrides=_no_tools())
+        turn = await session.replay(turns[1])
+    assert turn.result.answer == "recall: alpha" and turn.same_decisions, turn.diff.to_dict()
+    pool = await client.pool()
+    states = {r["run_id"]: json.loads(r["state"]) for r in await pool.fetch(
+        "SELECT run_id, state::text AS state FROM runs WHERE run_id = ANY($1)", [turns[1], turn.run_id])}
+    assert states[turn.run_id]["session_turns"] == states[turns[1]]["session_turns"]
+    assert states[turn.run_id]["messages"] == states[turns[1]]["messages"]  # system, turn 1, turn 2's task, reply
     assert result.finished
     assert result.diff.decisions_changed  # step 1 is no longer the tool call
     steps = {s["index"]: s for s in result.rerun["steps"]}

@@ -33,7 +33,8 @@ from agentstream.streams.client.outcomes import RunResult
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.events import DeadLetter
 from agentstream.streams.kafka.registry import LocalRegistry
-from agentstream.streams.kafka.topics import Topics, wait_for_group_coordinator
+from agentstream.streams.kafka.topic_admin import wait_for_group_coordinator
+from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import end_offsets, read_events
 from tests.integration.processes import private_stack, start_worker, stop, wait_for_members
 from tests.schema_upgrade import newer_schemas
@@ -97,6 +98,18 @@ class Load:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(every_s)
 
+    async def settle(self, runs: int = 4, timeout: float = 120) -> None:
+        """Until ``runs`` runs submitted from now on (by both clients) have completed: work went through the
+        processes that are members now, rather than a fixed sleep. Each run is awaited by the client that
+        submitted it (the test awaits them all again at the end)."""
+        first = len(self.run_ids)
+        deadline = time.monotonic() + timeout
+        while len(self.run_ids) < first + runs:
+            assert time.monotonic() < deadline and not self.errors, ("no runs submitted", self.errors)
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*(self.clients[i % len(self.clients)].wait(self.run_ids[i], timeout=timeout)
+                               for i in range(first, first + runs)))
+
 
 async def _schema_ids(settings: Settings, topics: list[str]) -> dict[str, collections.Counter[int]]:
     """How many records of each topic were written with each schema id."""
@@ -133,21 +146,21 @@ async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run
         for client in clients:
             await client.start()
         load = Load(clients)
-        submitting = asyncio.create_task(load.submit(0.4))
+        submitting = asyncio.create_task(load.submit(0.25))  # >= 40 runs over a rollout of ~15 s
         started = time.monotonic()
-        await asyncio.sleep(4)
+        await load.settle()
         side_by_side: list[float] = []
         for service, name in ROLLOUT:
             count = 2 if service == "planner" else 1
             new = fleet.start(service, name, new=True)
             await fleet.members(service, count + 1)  # maxSurge 1: the new one is in before the old one goes
             joined = time.monotonic()
-            await asyncio.sleep(4)  # old and new consume side by side, with runs in flight
+            await load.settle()  # old and new consume side by side, with runs in flight
             await fleet.stop(f"{name}-old")
             await fleet.members(service, count)
             side_by_side.append(time.monotonic() - joined)
             assert fleet.procs[new].poll() is None, fleet.log(new)
-        await asyncio.sleep(4)
+        await load.settle()
         load.stop.set()
         await submitting
         rollout_s = time.monotonic() - started

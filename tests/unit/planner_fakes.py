@@ -20,7 +20,7 @@ import itertools
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,6 +38,7 @@ from agentstream.streams.kafka.registry import LocalRegistry
 from agentstream.streams.runtime.publisher import Runtime
 from agentstream.streams.runtime.records import Context, Record
 from agentstream.streams.store.history import Lease, Transition, to_json
+from agentstream.streams.store.sessions import SessionRow, SessionWrite, TurnRef
 
 from .fakes import FakeKafka
 
@@ -63,6 +64,8 @@ class MemoryHistory:
     #: (run id, step id) -> (approved, reason, decided by), as an approver's login records them.
     decisions: dict[tuple[str, str], tuple[bool, str, str]] = field(default_factory=dict)
     transitions: list[Transition] = field(default_factory=list)
+    #: (prefix, session id) -> the session's row (streams/store/sessions.py).
+    sessions: dict[tuple[str, str], SessionRow] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=lambda: {"batches": 0, "transitions": 0, "flush_s": 0.0})
 
     async def load_state(self, run_id: str) -> str | None:
@@ -89,6 +92,8 @@ class MemoryHistory:
                                           epoch=lease.epoch if lease is not None else None)
         self.transitions.append(transition)
         self.stats["transitions"] += 1
+        if transition.session is not None:
+            self._write_session(transition.session)
 
     async def acquire_lease(self, prefix: str, partition: int, owner: str) -> Lease:
         epoch = self.epochs.get((prefix, partition), 0) + 1
@@ -100,6 +105,38 @@ class MemoryHistory:
 
     async def recorded_decision(self, run_id: str, step_id: str) -> tuple[bool, str, str] | None:
         return self.decisions.get((run_id, step_id))
+
+    async def load_session(self, topic_prefix: str, session: str) -> SessionRow | None:
+        return self.sessions.get((topic_prefix, session))
+
+    async def session_turns(self, topic_prefix: str, session: str) -> list[TurnRef]:
+        going = []
+        for run_id, run in self.runs.items():
+            state = json.loads(run.state)
+            if run.status not in TERMINAL and run.prefix == topic_prefix and state.get("session") == session:
+                going.append(TurnRef(run_id=run_id, status=run.status, seq=state.get("session_seq") or 0))  # type: ignore[arg-type]
+        return sorted(going, key=lambda t: t.seq)
+
+    def delete_session(self, topic_prefix: str, session: str) -> None:
+        """What ``agentstream_delete_session`` does: the turns erased, the epoch moved on."""
+        row = self.sessions[(topic_prefix, session)]
+        self.sessions[(topic_prefix, session)] = replace(row, turns=[], dropped=0, tokens=0, epoch=row.epoch + 1,
+                                                         deleted_at=datetime.now(UTC))
+
+    def _write_session(self, write: SessionWrite) -> None:
+        """The sessions part of ``agentstream_record_transitions`` (migration 0018)."""
+        key = (write.prefix, write.session_id)
+        row = self.sessions.get(key)
+        if write.kind == "open":
+            if row is None:
+                self.sessions[key] = SessionRow(session_id=write.session_id, prefix=write.prefix, epoch=0, turns=[],
+                                                dropped=0, tokens=0, created_at=write.at, updated_at=write.at,
+                                                last_run_id=write.run_id)
+            elif row.deleted_at is not None:
+                self.sessions[key] = replace(row, deleted_at=None, updated_at=write.at)
+        elif row is not None and row.epoch == write.epoch:
+            self.sessions[key] = replace(row, turns=list(write.turns), dropped=write.dropped, tokens=write.tokens,
+                                         last_run_id=write.run_id, updated_at=write.at)
 
     async def stalled(self, topic_prefix: str, *, idle_s: float) -> list[str]:
         now = datetime.now(UTC)

@@ -224,6 +224,23 @@ async def test_no_more_than_concurrency_handlers_run_at_once(kafka, codec):
     assert handler.peak == 2
 
 
+async def test_records_sharing_an_order_key_wait_for_each_other_whatever_their_keys(kafka, codec):
+    """``ServiceConfig.order_keys``: the planner orders a session's tasks (different runs) by the session."""
+    handler = Handler()
+    release_a0 = handler.gate("a:0")
+    for step, group in (("a:0", b"g"), ("b:0", b"g"), ("c:0", None)):
+        event = task(step)
+        kafka.append(TOPIC, 0, codec.encode(event), key=event.run_id.encode(),
+                     headers=(("grp", group),) if group else ())
+    async with Service(kafka, codec, handler, concurrency=4,
+                       order_keys=lambda r: [r.headers["grp"]] if "grp" in r.headers else []):
+        await until(lambda: handler.ended("c:0"), "c (no order key) to be handled while a:0 is held")
+        assert handler.started("a:0") and not handler.started("b:0")  # b waits for a: same order key
+        release_a0.set()
+        await until(lambda: handler.ended("a:0", "b:0"))
+    assert handler.log.index("end a:0") < handler.log.index("start b:0")
+
+
 # -- commits -----------------------------------------------------------------------------------
 
 async def test_the_committed_offset_never_passes_an_unfinished_record(kafka, codec):

@@ -121,7 +121,9 @@ async def test_a_call_interrupted_mid_execution_is_not_run_again(harness):
 @pytest.mark.parametrize("setup, refusal", [
     (lambda db, r: None, "unknown_run"),
     (lambda db, r: db.expect(r, tools=["lookup"]), "tool_not_allowed"),
-    (lambda db, r: setattr(db.expect(r), "status", "completed"), "run_finished"),
+    # (an ended run's call it never asked for: the step id is not the one it requested)
+    (lambda db, r: setattr(db.expect(replace(r, step_id=r.run_id + ":1:tool")), "status", "completed"),
+     "run_finished"),
     (lambda db, r: db.expect(replace(r, step_id=r.run_id + ":1:tool")), "not_pending"),
     (lambda db, r: db.expect(replace(r, arguments='{"amount": 500}')), "not_as_requested"),
 ])
@@ -201,3 +203,11 @@ async def test_a_database_outage_is_an_outage_not_a_failure(harness):
 async def test_an_outage_of_something_else_while_the_database_answers_is_the_tools_error(harness):
     result = await harness.call("remote")
     assert not result.ok and result.error_kind == "tool_error" and "refused" in (result.error or "")
+
+
+async def test_a_call_whose_run_ended_before_it_ran_is_dropped_not_run_nor_dead_lettered(harness):
+    """A deadline or a cancel ended the run while its call was on the way: the call is stale, not forged."""
+    request = harness.request("charge", {"amount": 5})
+    harness.database.expect(request).status = "failed"
+    handled = await harness.deliver(request)
+    assert runs == [] and handled.of(ToolCallCompleted) == [] and handled.of(DeadLetter) == []

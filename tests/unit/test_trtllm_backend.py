@@ -179,12 +179,13 @@ async def test_length_finish_reason_and_guided_json(fake: Fake) -> None:
     fake.engine.script = [('{"action":', 3, None), (' "final', 2, "length")]
     schema = {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]}
     backend = await _started()
-    _, final = await _collect(backend, _request(response_schema=schema, max_tokens=5))
+    _, final = await _collect(backend, _request(response_schema=schema, max_tokens=5, top_p=0.9, seed=11))
     assert final.finish_reason == "length" and final.completion_tokens == 5
     guided = fake.params.guided_decoding
     assert type(guided).__name__ == "GuidedDecodingParams"
     assert json.loads(guided.kwargs["json"]) == schema
     assert fake.params.max_tokens == 5
+    assert (fake.params.top_p, fake.params.seed) == (0.9, 11)  # the task's sampling settings
 
 
 async def test_chat_template_applied_with_tool_turns_as_user(fake: Fake) -> None:

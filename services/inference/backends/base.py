@@ -12,12 +12,17 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from agentstream.streams.core.events import ToolCall
+
 
 @dataclass(frozen=True, kw_only=True)
 class ChatMessage:
     role: str  # "system" | "user" | "assistant" | "tool"
     content: str
     name: str | None = None
+    #: Native tool calling: an assistant message's calls, and the call a tool message answers.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +36,15 @@ class GenerationRequest:
     #: Requests of the same run share this key, so an engine can keep their common prefix cached.
     cache_key: str | None = None
     model: str | None = None
+    #: Strings that end the output (the engine leaves them out of it).
     stop: tuple[str, ...] = ()
+    #: Nucleus sampling and the sampling seed; None: the engine's own default.
+    top_p: float | None = None
+    seed: int | None = None
+    #: Native tool calling: the run's tools as OpenAI function tools, for the engine to offer the model
+    #: (its own form: ``tools`` of an OpenAI-compatible request, the chat template's tools); None: the
+    #: JSON-action mode. A backend that cannot call tools natively refuses such a request.
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,8 @@ class Final:
     ttft_ms: float = 0.0
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Native tool calling: the calls the model made (its text may then be empty).
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @runtime_checkable

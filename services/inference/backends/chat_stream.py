@@ -1,6 +1,8 @@
 """Reading OpenAI-style chat-completion stream chunks, which llama.cpp's server (in-process or over HTTP)
-and every OpenAI-compatible server produce: text deltas in ``choices[].delta.content``, the finish reason,
-usage (with ``prompt_tokens_details.cached_tokens``), and llama.cpp's ``timings``."""
+and every OpenAI-compatible server produce: text deltas in ``choices[].delta.content``, native tool calls
+in ``choices[].delta.tool_calls`` (each call's pieces by ``index``: its id and name, then its arguments in
+fragments to concatenate), the finish reason, usage (with ``prompt_tokens_details.cached_tokens``), and
+llama.cpp's ``timings``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import time
 from typing import Any
 
 from agentstream.services.inference.backends.base import Final
+from agentstream.streams.core.events import ToolCall
 
 
 class ChatStream:
@@ -21,6 +24,13 @@ class ChatStream:
         self.model = ""
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
+        #: Native tool calls by index: [id, name, argument fragments].
+        self.calls: dict[int, tuple[list[str], list[str], list[str]]] = {}
+
+    @property
+    def begun(self) -> bool:
+        """Output has begun (text or a tool call): a retry would repeat it."""
+        return bool(self.parts or self.calls)
 
     def feed(self, chunk: dict[str, Any]) -> list[str]:
         self.model = chunk.get("model") or self.model
@@ -29,7 +39,19 @@ class ChatStream:
         texts = []
         for choice in chunk.get("choices") or ():
             self.finish = choice.get("finish_reason") or self.finish
-            text = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or choice.get("message") or {}
+            for call in delta.get("tool_calls") or ():
+                if not self.begun:
+                    self.ttft_ms = (time.perf_counter() - self.started) * 1000
+                ident, name, arguments = self.calls.setdefault(int(call.get("index", len(self.calls))), ([], [], []))
+                function = call.get("function") or {}
+                if call.get("id"):
+                    ident[:] = [call["id"]]
+                if function.get("name"):
+                    name.append(function["name"])
+                if function.get("arguments"):
+                    arguments.append(function["arguments"])
+            text = delta.get("content")
             if text:
                 if not self.parts:
                     self.ttft_ms = (time.perf_counter() - self.started) * 1000
@@ -53,4 +75,11 @@ class ChatStream:
             ttft_ms=self.ttft_ms,
             model=model or self.model,
             extra=extra or {},
+            tool_calls=self.tool_calls(),
         )
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The native tool calls, in index order (an id the server left out becomes ``call_{index}``)."""
+        return tuple(ToolCall(id=ident[0] if ident else f"call_{index}", name="".join(name),
+                              arguments="".join(arguments) or "{}")
+                     for index, (ident, name, arguments) in sorted(self.calls.items()))

@@ -14,6 +14,11 @@ relies on (xllamacpp 2026.10, checked against the real model):
   makes those batches (and so the abort latency, and the stall other streams see) short.
 * ``Server(params)`` loads the model while holding the GIL, so ``start()`` cannot keep the event loop fully
   responsive: the loop stalls for the load (about 1 s for SmolLM2-135M). It runs in a thread anyway.
+* Native tool calling needs llama.cpp's Jinja templates (``use_jinja``) and a GGUF whose chat template
+  renders ``tools``. SmolLM2-135M's (ChatML) does not: with ``tools`` in the request the prompt is the same
+  as without (36 prompt tokens either way, checked) and the model answers in prose, ``tool_choice:
+  "required"`` included. So ``native_tools`` is off by default, and a request with tools is refused with
+  a clear error unless it is on (for a model whose template does render tools: Qwen2.5, Llama 3.1, …).
 * The server also opens an HTTP listener (``hostnames``/``port``; port 0 picks a free port on 127.0.0.1).
   It cannot be switched off, so it goes on a Unix socket in a private temporary directory, behind a random
   API key, and no TCP port is opened.
@@ -63,9 +68,16 @@ def _engine_error(err: Any) -> BackendError:
     return BackendError(f"llama.cpp {kind or 'error'} ({code}): {err.get('message')}", retriable=retriable)
 
 
-def _chat_message(message: ChatMessage) -> dict[str, str]:
+def _chat_message(message: ChatMessage) -> dict[str, Any]:
     """Small instruct models (SmolLM2's ChatML template) know system/user/assistant only: a tool
-    result becomes a user turn that says which tool it came from."""
+    result becomes a user turn that says which tool it came from — except in native tool calling, where
+    calls and results keep their structure for the template."""
+    if message.role == "tool" and message.tool_call_id is not None:
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    if message.tool_calls:
+        return {"role": message.role, "content": message.content,
+                "tool_calls": [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in message.tool_calls]}
     if message.role == "tool":
         return {"role": "user", "content": f"[{message.name or 'tool'} result] {message.content}"}
     return {"role": message.role, "content": message.content}
@@ -86,12 +98,14 @@ class LlamaCppBackend:
         n_batch: int = 256,
         pin_slots: bool = False,
         prompt_cache_mib: int = 1024,
+        native_tools: bool = False,
     ) -> None:
         """``n_ctx`` is the total KV size, split evenly over the slots (default 2048 tokens per slot).
         ``pin_slots`` sends requests with the same ``cache_key`` to the same slot (``id_slot``); it is off
         because llama.cpp already picks the slot with the longest common prefix and keeps evicted prefixes
         in a RAM prompt cache of ``prompt_cache_mib``, while pinning makes unrelated runs queue behind each
-        other when their keys collide."""
+        other when their keys collide. ``native_tools``: accept requests with tools (native tool calling,
+        through llama.cpp's Jinja templates), for a model whose chat template renders them."""
         if slots < 1:
             raise ValueError("slots must be >= 1")
         self.model_path = model_path or default_model_path()
@@ -102,6 +116,7 @@ class LlamaCppBackend:
         self.n_batch = n_batch
         self.pin_slots = pin_slots
         self.prompt_cache_mib = prompt_cache_mib
+        self.native_tools = native_tools
         self._server: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._sock_dir: str | None = None
@@ -126,6 +141,7 @@ class LlamaCppBackend:
             params.n_batch = params.n_ubatch = self.n_batch
             params.cache_ram_mib = self.prompt_cache_mib
             params.verbosity = 0
+            params.use_jinja = self.native_tools
             if self.threads:
                 params.cpuparams.n_threads = params.cpuparams_batch.n_threads = self.threads
             self._sock_dir = tempfile.mkdtemp(prefix="llamacpp-")
@@ -165,7 +181,18 @@ class LlamaCppBackend:
         }
         if request.stop:
             body["stop"] = list(request.stop)
-        if request.response_schema is not None:
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.tools:
+            if not self.native_tools:
+                raise BackendError(f"{self.model}: native tool calling is off for this llama.cpp backend (its chat "
+                                   "template may not render tools: SmolLM2's does not); submit the task with "
+                                   "tool_calling=json, or start the backend with native_tools=True for a model "
+                                   "whose template does")
+            body["tools"], body["tool_choice"] = request.tools, "auto"
+        elif request.response_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "reply", "schema": request.response_schema},

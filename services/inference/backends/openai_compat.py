@@ -5,10 +5,14 @@ Why a client and not an engine: on GPU machines the engine is a separate, indepe
 batches the ``slots`` concurrent requests this service sends it), so this backend only speaks the protocol
 (``/v1/chat/completions`` with ``"stream": true``, server-sent events). Choices that keep it portable:
 
-* A ``tool`` message becomes a user turn ``"[name result] content"``: OpenAI's API and several chat templates
-  (Mistral's, for one) reject a ``tool`` message that is not the answer to an assistant ``tool_calls`` entry
-  with its ``tool_call_id``, which our plain-text planner never produces. llama.cpp's server accepts a bare
-  ``tool`` role, but small ChatML models have never seen it.
+* In the JSON-action mode a ``tool`` message becomes a user turn ``"[name result] content"``: OpenAI's API
+  and several chat templates (Mistral's, for one) reject a ``tool`` message that is not the answer to an
+  assistant ``tool_calls`` entry with its ``tool_call_id``, which that mode never produces. llama.cpp's
+  server accepts a bare ``tool`` role, but small ChatML models have never seen it.
+* Native tool calling (a request with ``tools``): the tools go out as ``tools`` with ``tool_choice: "auto"``
+  (and no ``response_format``), assistant messages keep their ``tool_calls`` and tool results are ``tool``
+  messages with their ``tool_call_id``; the reply's calls are read from the stream's
+  ``delta.tool_calls`` (chat_stream.py).
 * ``cache_key`` is not sent: these servers cache prefixes by content (vLLM, TensorRT-LLM and Dynamo's KV
   routing, llama.cpp's slots), and not every server accepts extra request fields.
 * Retries happen only before the first delta: after that the caller holds partial output and must decide.
@@ -43,9 +47,15 @@ class _Retry(Exception):
         self.delay = delay
 
 
-def _message(message: ChatMessage) -> dict[str, str]:
+def _message(message: ChatMessage) -> dict[str, Any]:
+    if message.role == "tool" and message.tool_call_id is not None:
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     if message.role == "tool":
         return {"role": "user", "content": f"[{message.name or 'tool'} result] {message.content}"}
+    if message.tool_calls:
+        return {"role": message.role, "content": message.content or None,
+                "tool_calls": [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in message.tool_calls]}
     return {"role": message.role, "content": message.content}
 
 
@@ -169,7 +179,13 @@ class OpenAIBackend:
         }
         if request.stop:
             body["stop"] = list(request.stop)
-        if request.response_schema is not None:
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.tools:
+            body["tools"], body["tool_choice"] = request.tools, "auto"
+        elif request.response_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "action", "schema": request.response_schema, "strict": True},
@@ -199,7 +215,7 @@ class OpenAIBackend:
                     async for chunk in _events(resp):
                         if "error" in chunk:
                             problem = f"server error in stream: {_error_text(chunk)}"
-                            if stream.parts:
+                            if stream.begun:
                                 raise BackendError(problem, retriable=True)
                             raise _Retry(problem)
                         for text in stream.feed(chunk):
@@ -210,7 +226,7 @@ class OpenAIBackend:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     if self._session is not session:  # close() cut the stream short
                         stream.finish = "cancelled"
-                    elif stream.parts:
+                    elif stream.begun:
                         raise BackendError(f"stream broke after output began: {exc!r}", retriable=True) from exc
                     else:
                         raise _Retry(f"{type(exc).__name__}: {exc}") from exc

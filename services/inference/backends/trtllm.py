@@ -43,6 +43,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from agentstream.services.inference.backends import tool_call_text
 from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.trtllm_errors import engine_error
 from agentstream.services.inference.backends.trtllm_options import (
@@ -54,6 +55,7 @@ from agentstream.services.inference.backends.trtllm_options import (
     version_tuple,
 )
 from agentstream.streams.core.errors import BackendError
+from agentstream.streams.core.events import ToolCall
 
 log = logging.getLogger(__name__)
 _INSTALL_HINT = "pip install agentstream[gpu] on an NVIDIA machine, see docs/gpu.md"
@@ -63,13 +65,16 @@ _FINISH = {"stop": "stop", "length": "length", "cancelled": "cancelled", "timeou
 _CACHED_TOKENS_SINCE = (1, 1)
 
 
-def chat_messages(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
+def chat_messages(messages: tuple[ChatMessage, ...], *, native: bool = False) -> list[dict[str, Any]]:
     """Messages for ``apply_chat_template``. A tool result becomes a user turn naming the tool: HF
     templates that know a ``tool`` role expect it to answer an assistant ``tool_calls`` entry (our
     assistant turns are plain JSON actions), and many templates (Llama 2, Mistral, Gemma, Zephyr) accept
     only alternating user/assistant turns and raise otherwise. Adjacent turns of one role are merged for
-    the same reason."""
-    out: list[dict[str, str]] = []
+    the same reason. ``native`` (tool calling through the template): calls and results keep their
+    structure, as templates with tools expect (arguments as objects)."""
+    if native:
+        return [_native_message(m) for m in messages]
+    out: list[dict[str, Any]] = []
     for m in messages:
         role, content = m.role, m.content
         if role == "tool":
@@ -79,6 +84,16 @@ def chat_messages(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
         else:
             out.append({"role": role, "content": content})
     return out
+
+
+def _native_message(m: ChatMessage) -> dict[str, Any]:
+    if m.role == "tool" and m.tool_call_id is not None:
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "name": m.name, "content": m.content}
+    if m.tool_calls:
+        return {"role": m.role, "content": m.content, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments or "{}")}}
+            for c in m.tool_calls]}
+    return {"role": m.role, "content": m.content}
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -269,8 +284,10 @@ class TrtLlmBackend:
 
     def _prompt_ids(self, llm: Any, request: GenerationRequest) -> list[int]:
         try:
+            native = {"tools": request.tools} if request.tools else {}
             text = llm.tokenizer.apply_chat_template(
-                chat_messages(request.messages), tokenize=False, add_generation_prompt=True)
+                chat_messages(request.messages, native=bool(request.tools)), tokenize=False,
+                add_generation_prompt=True, **native)
         except Exception as exc:  # no template, or one that rejects the conversation
             raise BackendError(f"{self.model}: the chat template failed: {exc}") from exc
         try:
@@ -287,6 +304,10 @@ class TrtLlmBackend:
         }
         if request.stop:
             options["stop"] = list(request.stop)
+        if request.top_p is not None:
+            options["top_p"] = request.top_p
+        if request.seed is not None:
+            options["seed"] = request.seed
         if request.response_schema is not None and self.guided_decoding_backend:
             options["guided_decoding"] = self._api["GuidedDecodingParams"](
                 json=json.dumps(request.response_schema))
@@ -359,8 +380,12 @@ class TrtLlmBackend:
         if (per_iter := getattr(result, "avg_decoded_tokens_per_iter", None)) is not None:
             extra["avg_decoded_tokens_per_iter"] = per_iter  # > 1 when speculative decoding accepts drafts
         cached = getattr(result, "cached_tokens", None)  # from 1.1; unknown before (never 0 instead)
+        calls: tuple[ToolCall, ...] = ()
+        if request.tools:  # native tool calling: the template taught the model a call format; read it back
+            text, calls = tool_call_text.parse(text)
         yield Final(
             text=text,
+            tool_calls=calls,
             finish_reason=_FINISH.get(output.finish_reason or "", "cancelled"),
             prompt_tokens=len(result.prompt_token_ids or ()),
             completion_tokens=len(output.token_ids or ()),

@@ -1,0 +1,181 @@
+"""Conversations: the turns of a session run one at a time, in order, each from the transcript the
+previous ones left (docs/architecture.md, "Sessions").
+
+Routing makes one planner the owner of a session: a turn's run id is chosen on the session id's
+partition (``Topics.run_id_for_session``), so every event of every turn lands on the session's partition
+and the planner that holds it decides for all of them. A turn elsewhere would be decided by another
+planner, in another order: it fails at once with ``invalid_task``, saying how to pick the run id.
+
+Within the planner, a lock per session makes "is a turn running?" and the transition that acts on the
+answer one step:
+
+- a turn arrives (``admit``): it is admitted ``queued``; if none of the session's turns is still going,
+  it begins at once, in the same transition, from the session's transcript cut to the token budget
+  (``machine.begin``);
+- a turn ends (``ended``): the oldest queued turn (by its task's offset on the partition) begins.
+
+Nothing of this is only in memory: a queued turn is a run with status ``queued`` in PostgreSQL, and which
+turns are still going is read from there (``TransitionStore.session_turns``), so a planner that dies
+between the end of one turn and the start of the next leaves a queued turn that the partition's next
+owner loads and begins (the sweeper looks at queued runs, ``Sweeper.due``). A redelivered task finds
+its run recorded and changes nothing; a turn begins only from ``queued``, under the lock, so it begins
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from agentstream.services.planner import machine
+from agentstream.services.planner.state import QUEUED, RunState
+from agentstream.services.planner.transcript import Transcript
+from agentstream.streams.core import task_rules
+from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.core.outages import wait_out
+from agentstream.streams.runtime.headers import SESSION_HEADER
+from agentstream.streams.runtime.records import Context, Record
+from agentstream.streams.store.sessions import SessionRow
+
+if TYPE_CHECKING:
+    from agentstream.services.planner.service import Planner
+
+log = logging.getLogger(__name__)
+
+SESSION_DELETED = "session_deleted"
+
+
+class Sessions:
+    """The planner's sessions: admission of turns, the start of the next one, and why a turn is stopped."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._holders: dict[str, int] = {}
+        self.stats = {"queued": 0, "begun": 0, "refused": 0}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, session: str | None) -> AsyncIterator[None]:
+        """The session's lock (nothing for a run without a session). Locks exist while someone holds or
+        waits for them, so a planner of many sessions keeps only the busy ones."""
+        if session is None:
+            yield
+            return
+        lock = self._locks.setdefault(session, asyncio.Lock())
+        self._holders[session] = self._holders.get(session, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._holders[session] -= 1
+            if not self._holders[session]:
+                del self._holders[session], self._locks[session]
+
+    def order_keys(self, record: Record) -> Sequence[bytes]:
+        """A task that says it is a turn of a session (``agentstream-session``) is handled after the
+        session's earlier tasks on the partition, retries included (the runner's ``order_keys``): a turn
+        waiting out an outage is not overtaken by the next one, here or at the partition's next owner."""
+        session = record.headers.get(SESSION_HEADER) if record.topic == self.planner.runtime.topics.tasks else None
+        return (b"session\x00" + session,) if session else ()
+
+    def partition_problem(self, task: TaskSubmitted) -> str | None:
+        """Why ``task``'s run id may not be a turn of its session: on another partition than the session's."""
+        topics = self.planner.runtime.topics
+        if task.session is None:
+            return None
+        wanted, got = topics.partition_for(task.session), topics.partition_for(task.run_id)
+        if wanted == got:
+            return None
+        return (f"the run id {task.run_id!r} is on partition {got} of {topics.partitions}, and a turn of session "
+                f"{task.session!r} must be on the session's, {wanted}: AgentClient.submit(session=...) picks such "
+                "a run id; other producers draw run ids until murmur2(run id) % partitions equals murmur2(session "
+                "id) % partitions (docs/contract.md, \"Sessions\")")
+
+    async def admit(self, task: TaskSubmitted, ctx: Context | None, now: datetime) -> RunState:
+        """The first state of the turn ``task`` (call under ``hold(task.session)``, and record it there):
+        refused, queued behind a turn still going, or begun."""
+        planner = self.planner
+        store, prefix = planner.store, planner.runtime.topics.prefix
+        state = await planner.admission.start(task, now, queued=True)
+        if state.terminal:
+            return state
+        problem = task_rules.session_problem(task.session) or self.partition_problem(task)
+        if problem is not None or task.session is None:
+            self.stats["refused"] += 1
+            return machine.fail(state, now, "invalid_task", problem or "no session")
+        row = await store.load_session(prefix, task.session)
+        state = state.changed(session_epoch=row.epoch if row is not None else 0,
+                              session_seq=ctx.record.offset if ctx is not None else 0)
+        going = [t for t in await store.session_turns(prefix, task.session) if t.run_id != task.run_id]
+        if going:
+            self.stats["queued"] += 1
+            return state
+        self.stats["begun"] += 1
+        return machine.begin(state, await self.transcript(state, row), now)
+
+    async def transcript(self, state: RunState, row: SessionRow | None) -> Transcript:
+        """What the turn ``state`` begins from: the session's transcript cut to the token budget, or, for a
+        turn that replays another (``replay_of``), the transcript recorded with that run, as it was."""
+        if state.replay_of is not None:
+            raw = await self.planner.store.load_state(state.replay_of)
+            if raw is not None:
+                original = RunState.from_json(raw)
+                return Transcript.from_rows(state.session_epoch, original.session_turns, original.session_dropped)
+        if row is None:
+            return Transcript(epoch=state.session_epoch)
+        budget = self.planner.runtime.settings.sessions.token_budget
+        return Transcript.from_rows(row.epoch, row.turns, row.dropped).fit(budget)
+
+    async def ended(self, state: RunState) -> None:
+        """The turn ``state`` has ended: begin the session's next one. A failure here is logged, not
+        raised: the turn's own transition is recorded, and the sweeper begins a queued turn left behind."""
+        if state.session is None:
+            return
+        try:
+            await self.advance(state.session)
+        except Exception as exc:
+            log.warning("planner: the next turn of session %r did not begin (%s: %s); the sweeper will begin it",
+                        state.session, type(exc).__name__, exc)
+
+    async def advance(self, session: str) -> None:
+        """Begin the session's oldest queued turn if none of its turns is going (the ones that fail to
+        begin, for a deleted session, are passed over). Every transition is recorded under the lock;
+        what it asks for is published after."""
+        planner = self.planner
+        store, topics = planner.store, planner.runtime.topics
+        begun: list[tuple[RunState, list]] = []
+        async with self.hold(session):
+            while True:
+                turns = await store.session_turns(topics.prefix, session)
+                if not turns or any(t.status != QUEUED for t in turns):
+                    break
+                state = await planner.load(turns[0].run_id)
+                if state is None or state.status != QUEUED:
+                    break
+                now = datetime.now(UTC)
+                new = machine.begin(state, await self.transcript(state, await store.load_session(topics.prefix,
+                                                                                                  session)), now)
+                outputs = machine.outputs(new, topics)
+                await planner.commit(state, new, outputs, None, consumed=None)
+                self.stats["begun"] += 1
+                begun.append((new, outputs))
+                if not new.terminal:
+                    break
+        for new, outputs in begun:  # outside any record: through a broker outage (as the sweeper publishes)
+            await wait_out(functools.partial(planner.publish, outputs, new, None), f"publishing {new.run_id}")
+
+    async def cancel_code(self, state: RunState) -> str:
+        """``session_deleted`` for a turn whose session was deleted since it arrived (the delete asks its
+        turns to stop), else ``cancelled``."""
+        if state.session is None:
+            return "cancelled"
+        row = await self.planner.store.load_session(state.topic_prefix, state.session)
+        return SESSION_DELETED if row is None or row.epoch != state.session_epoch else "cancelled"
+
+
+__all__: Sequence[str] = ["SESSION_DELETED", "Sessions"]
