@@ -63,19 +63,32 @@ async def test_scaling_planners_up_and_down_under_load(settings, effects_table, 
         try:
             await wait_for_members(s.kafka_bootstrap, group, 2)
             run_ids: list[str] = []
+            enough = asyncio.Event()
 
-            async def submit_steadily(count: int, every_s: float) -> None:
-                for _ in range(count):
+            async def submit_steadily(every_s: float) -> None:
+                while not enough.is_set():
                     run_ids.append(await pipe.client.submit("[[slow:100]] " + TASK, tools=["effect"], max_steps=10,
                                                             deadline=150))
                     await asyncio.sleep(every_s)
 
-            load = asyncio.create_task(submit_steadily(90, 0.1))
-            await asyncio.sleep(2)
+            async def settle(runs: int = 5) -> None:
+                """Until ``runs`` runs submitted from now on have completed, on the planners there are now
+                (rather than a fixed sleep or a fixed number of runs)."""
+                first = len(run_ids)
+                while len(run_ids) < first + runs:
+                    assert not load.done(), load
+                    await asyncio.sleep(0.05)
+                await asyncio.gather(*(pipe.client.wait(r, timeout=150) for r in run_ids[first:first + runs]))
+
+            load = asyncio.create_task(submit_steadily(0.1))
+            await settle()  # on two planners
             procs.append(start_worker(s, "planner", tmp_path / "planner2.log"))  # 2 → 3
             await wait_for_members(s.kafka_bootstrap, group, 3)
+            await settle()  # on three
             in_flight_at_scale_down = len(run_ids)
-            stop(procs.pop(0), signal.SIGTERM)  # 3 → 2, gracefully
+            await asyncio.to_thread(stop, procs.pop(0), signal.SIGTERM)  # 3 → 2, gracefully, the load going on
+            await settle()  # on the two left
+            enough.set()
             await load
             results = await asyncio.gather(*(pipe.client.wait(r, timeout=150) for r in run_ids))
         finally:

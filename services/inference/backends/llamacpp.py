@@ -14,7 +14,7 @@ relies on (xllamacpp 2026.10, checked against the real model):
   makes those batches (and so the abort latency, and the stall other streams see) short.
 * ``Server(params)`` loads the model while holding the GIL, so ``start()`` cannot keep the event loop fully
   responsive: the loop stalls for the load (about 1 s for SmolLM2-135M). It runs in a thread anyway.
-* Native tool calling needs llama.cpp's Jinja templates (``use_jinja``) and a GGUF whose chat template
+* Native tool calling needs llama.cpp's Jinja templates (``use_jinja``, on by default) and a GGUF whose chat template
   renders ``tools``. SmolLM2-135M's (ChatML) does not: with ``tools`` in the request the prompt is the same
   as without (36 prompt tokens either way, checked) and the model answers in prose, ``tool_choice:
   "required"`` included. So ``native_tools`` is off by default, and a request with tools is refused with
@@ -141,7 +141,6 @@ class LlamaCppBackend:
             params.n_batch = params.n_ubatch = self.n_batch
             params.cache_ram_mib = self.prompt_cache_mib
             params.verbosity = 0
-            params.use_jinja = self.native_tools
             if self.threads:
                 params.cpuparams.n_threads = params.cpuparams_batch.n_threads = self.threads
             self._sock_dir = tempfile.mkdtemp(prefix="llamacpp-")
