@@ -64,10 +64,12 @@ def session_show(
     row = details.row
     going = [{"run_id": t.run_id, "status": t.status} for t in details.going]
     if as_json:
-        print(json.dumps({**_summary(row), "turns": row.turns, "going": going}))
+        print(json.dumps({**_summary(row), "summary": row.summary, "turns": row.turns, "going": going}))
         return
     console.print(f"session [bold]{escape(row.session_id)}[/bold]: {len(row.turns)} turn(s), {row.dropped} dropped "
-                  f"for the token budget, ~{row.tokens} tokens")
+                  f"or summarised for the token budget, ~{row.tokens} tokens")
+    if row.summary:
+        console.print(f"  [bold]summary[/bold] {escape(short(row.summary, 600))}")
     for i, turn in enumerate(row.turns, 1):
         console.print(f"[dim]{i}. {escape(turn['run_id'])}[/dim]")
         console.print(f"  [bold]user[/bold]  {escape(short(turn['user'], 300))}")

@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from agentstream.services.planner import answers, fanout, transcript
+from agentstream.services.planner import answers, fanout, summaries, transcript
 from agentstream.services.planner.state import (
     AWAITING_APPROVAL,
     COMPLETED,
@@ -25,10 +25,11 @@ from agentstream.services.planner.state import (
     PrefetchServed,
     RetrievalRequest,
     RunState,
+    SummaryRequest,
     ToolBatch,
     ToolRequest,
 )
-from agentstream.services.planner.transcript import Transcript
+from agentstream.services.planner.transcript import Transcript, Turn
 from agentstream.streams.config.generation import GenerationSettings
 from agentstream.streams.core import tool_calling as native
 from agentstream.streams.core.actions import Action, CallRequest, action_schema, instructions, parse_action
@@ -110,19 +111,43 @@ def start(task: TaskSubmitted, tools: list[ToolInfo], now: datetime, max_run: ti
     return state.changed(status=QUEUED, session=task.session) if queued else _ask_model(state, now, [])
 
 
-def begin(state: RunState, history: Transcript, now: datetime) -> RunState:
+def begin(state: RunState, history: Transcript, now: datetime, *, fold: tuple[Turn, ...] = (),
+          budget: int = 0) -> RunState:
     """The turn ``state`` (queued) begins, from the session's transcript ``history`` (already within its
     budget): the model sees the earlier turns between the instructions and the turn's task, and the
     transcript is recorded with the run. A session deleted since the turn arrived (its epoch moved on)
-    fails the turn with ``session_deleted``."""
+    fails the turn with ``session_deleted``. ``fold``: the oldest turns, to be condensed into the
+    session's summary first by a model step of the turn (services/planner/summaries.py), after which the
+    transcript must fit ``budget``."""
     if history.epoch != state.session_epoch:
         return fail(state, now, "session_deleted", f"the session {state.session!r} was deleted before this turn began")
+    state = state.changed(status=RUNNING, prefetch_sent_at=now if state.prefetch == "pending" else None)
+    if fold:
+        # The summary step comes on top of the task's steps; the turn begins once it is back (``advance``).
+        state = state.changed(session_turns=tuple(history.rows()), session_dropped=history.dropped,
+                              max_steps=state.max_steps + 1)
+        return _next_step(state, now, "model", summaries.request(history.summary, fold, budget), [])
+    return _ask_model(_with_transcript(state, history), now, [])
+
+
+def _with_transcript(state: RunState, history: Transcript) -> RunState:
+    """The turn's messages with the session's transcript (its summary in the instructions, then its
+    turns) before the task, and the transcript recorded with the run."""
     system, *rest = state.messages
-    state = state.changed(
-        status=RUNNING, messages=(system, *history.messages(), *rest),
-        session_turns=tuple(t.to_dict() for t in history.turns), session_dropped=history.dropped,
-        prefetch_sent_at=now if state.prefetch == "pending" else None)
-    return _ask_model(state, now, [])
+    if system.role == "system" and history.summary:
+        system = Message(role="system", content=history.instructions(system.content))
+    return state.changed(messages=(system, *history.messages(), *rest),
+                         session_turns=tuple(history.rows()), session_dropped=history.dropped)
+
+
+def _summarised(state: RunState, reply: InferenceCompleted, request: SummaryRequest, now: datetime) -> RunState:
+    """The summary step is back: the turn begins from the kept turns and the new summary (the old one if
+    the step failed: the folded turns are then only dropped)."""
+    usage = {"prompt_tokens": state.prompt_tokens + reply.prompt_tokens,
+             "completion_tokens": state.completion_tokens + reply.completion_tokens}
+    failed = bool(reply.error) or reply.finish_reason == "error"
+    history = summaries.summarised(transcript.started(state), None if failed else reply.text, request.budget)
+    return _ask_model(_with_transcript(state.changed(last_step_id=reply.step_id, **usage), history), now, [])
 
 
 def is_pending_result(state: RunState, event: Event) -> bool:
@@ -184,6 +209,8 @@ def decide(state: RunState, decision: ApprovalDecided, now: datetime) -> RunStat
 def advance(state: RunState, event: InferenceCompleted | ToolCallCompleted | RetrievalCompleted,
             now: datetime) -> RunState:
     """Apply the pending step's result (check ``is_pending_result`` first) and take the next step."""
+    if isinstance(event, InferenceCompleted) and isinstance(state.pending_request, SummaryRequest):
+        return _summarised(state, event, state.pending_request, now)
     state = state.changed(last_step_id=event.step_id)
     if isinstance(event, InferenceCompleted):
         return _on_model_reply(state, event, now)
@@ -423,7 +450,11 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: 
         step = state.pending_step_id
         request = state.pending_request
         common["parent_step_id"] = state.last_step_id
-        if state.pending_kind == "model":
+        if isinstance(request, SummaryRequest):
+            out.append((topics.inference_requests, InferenceRequested.build(
+                step=step, messages=list(request.prompt), model=state.model, max_tokens=request.max_tokens,
+                temperature=0.0, seed=state.sampling.seed, deadline=state.deadline, **common)))
+        elif state.pending_kind == "model":
             out.append((topics.inference_requests, InferenceRequested.build(
                 step=step, messages=list(state.messages), model=state.model,
                 response_schema=state.response_schema, max_tokens=state.sampling.max_tokens,

@@ -165,7 +165,7 @@ def _session_write(old: RunState | None, new: RunState) -> SessionWrite | None:
     if after is None or (old is not None and old.status == COMPLETED):
         return None
     return SessionWrite(kind="append", prefix=new.topic_prefix, session_id=new.session, run_id=new.run_id,
-                        epoch=after.epoch, turns=[t.to_dict() for t in after.turns], dropped=after.dropped,
+                        epoch=after.epoch, turns=after.rows(), dropped=after.dropped,
                         tokens=after.tokens, at=new.updated_at)
 
 

@@ -32,9 +32,9 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from agentstream.services.planner import machine
+from agentstream.services.planner import machine, summaries
 from agentstream.services.planner.state import QUEUED, RunState
-from agentstream.services.planner.transcript import Transcript
+from agentstream.services.planner.transcript import Transcript, Turn
 from agentstream.streams.core import task_rules
 from agentstream.streams.core.events import TaskSubmitted
 from agentstream.streams.core.outages import wait_out
@@ -116,20 +116,30 @@ class Sessions:
             self.stats["queued"] += 1
             return state
         self.stats["begun"] += 1
-        return machine.begin(state, await self.transcript(state, row), now)
+        return await self.begin(state, row, now)
 
-    async def transcript(self, state: RunState, row: SessionRow | None) -> Transcript:
-        """What the turn ``state`` begins from: the session's transcript cut to the token budget, or, for a
-        turn that replays another (``replay_of``), the transcript recorded with that run, as it was."""
+    async def begin(self, state: RunState, row: SessionRow | None, now: datetime) -> RunState:
+        """The turn ``state`` begins (``machine.begin``) from what ``transcript`` says."""
+        history, fold = await self.transcript(state, row)
+        return machine.begin(state, history, now, fold=fold, budget=self.planner.runtime.settings.sessions.token_budget)
+
+    async def transcript(self, state: RunState, row: SessionRow | None) -> tuple[Transcript, tuple[Turn, ...]]:
+        """What the turn ``state`` begins from: the session's transcript within the token budget (the
+        oldest turns dropped, or, with ``overflow = summarise``, set apart to be summarised: the second
+        value), or, for a turn that replays another (``replay_of``), the transcript recorded with that
+        run, as it was."""
         if state.replay_of is not None:
             raw = await self.planner.store.load_state(state.replay_of)
             if raw is not None:
                 original = RunState.from_json(raw)
-                return Transcript.from_rows(state.session_epoch, original.session_turns, original.session_dropped)
+                return Transcript.from_rows(state.session_epoch, original.session_turns, original.session_dropped), ()
         if row is None:
-            return Transcript(epoch=state.session_epoch)
-        budget = self.planner.runtime.settings.sessions.token_budget
-        return Transcript.from_rows(row.epoch, row.turns, row.dropped).fit(budget)
+            return Transcript(epoch=state.session_epoch), ()
+        sessions = self.planner.runtime.settings.sessions
+        history = Transcript.from_rows(row.epoch, row.turns, row.dropped, summary=row.summary)
+        if sessions.overflow == "summarise":
+            return summaries.condense(history, sessions.token_budget)
+        return history.fit(sessions.token_budget), ()
 
     async def ended(self, state: RunState) -> None:
         """The turn ``state`` has ended: begin the session's next one. A failure here is logged, not
@@ -158,8 +168,7 @@ class Sessions:
                 if state is None or state.status != QUEUED:
                     break
                 now = datetime.now(UTC)
-                new = machine.begin(state, await self.transcript(state, await store.load_session(topics.prefix,
-                                                                                                  session)), now)
+                new = await self.begin(state, await store.load_session(topics.prefix, session), now)
                 outputs = machine.outputs(new, topics)
                 await planner.commit(state, new, outputs, None, consumed=None)
                 self.stats["begun"] += 1

@@ -67,6 +67,30 @@ class RetrievalRequest:
         return data
 
 
+@dataclass(frozen=True, kw_only=True)
+class SummaryRequest:
+    """The pending model step that condenses a session's oldest turns (services/planner/summaries.py): its ``prompt``, the most tokens
+    the summary may take, the session's ``budget`` the transcript must fit once it is back, and how many
+    turns it folds.
+
+    In JSON (``runs.state``): ``{"summarise": {"prompt", "max_tokens", "budget", "folded"}}``."""
+
+    prompt: tuple[Message, ...]
+    max_tokens: int
+    budget: int
+    folded: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summarise": {"prompt": [{"role": m.role, "content": m.content} for m in self.prompt],
+                              "max_tokens": self.max_tokens, "budget": self.budget, "folded": self.folded}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SummaryRequest:
+        body = data["summarise"]
+        return cls(prompt=tuple(Message(role=m["role"], content=m["content"]) for m in body["prompt"]),
+                   max_tokens=int(body["max_tokens"]), budget=int(body["budget"]), folded=int(body["folded"]))
+
+
 def message_to_dict(m: Message) -> dict[str, Any]:
     """A message as ``runs.state`` holds it: ``{"role", "content", "name"}``, plus ``"tool_calls"`` and
     ``"tool_call_id"`` (native tool calling) only when set, so other states keep their stored shape."""
@@ -148,7 +172,7 @@ class ToolBatch:
 
 #: What the pending step asks for; None for a model step (its request is the conversation) and when
 #: nothing is pending. In JSON, None is ``{}``.
-PendingRequest = ToolRequest | ToolBatch | RetrievalRequest | None
+PendingRequest = ToolRequest | ToolBatch | RetrievalRequest | SummaryRequest | None
 
 
 def request_to_dict(request: PendingRequest) -> dict[str, Any]:
@@ -164,6 +188,8 @@ def request_from_dict(data: dict[str, Any] | None) -> PendingRequest:
         return None
     if "calls" in data:
         return ToolBatch.from_dict(data)
+    if "summarise" in data:
+        return SummaryRequest.from_dict(data)
     if "tool" in data:
         return ToolRequest(**data)
     asked = data.get("asked_at")
@@ -280,9 +306,9 @@ class RunState:
     session: str | None = None
     session_epoch: int = 0
     session_seq: int = 0
-    #: The transcript the turn started from (``transcript.Turn.to_dict()`` each, oldest first, within the
-    #: session's token budget) and how many turns the session had dropped by then: recorded with the run,
-    #: so the turn replays from the same transcript.
+    #: The transcript the turn started from (``transcript.Transcript.rows()``: its summary if any, then
+    #: each turn, oldest first, within the session's token budget) and how many turns the session had
+    #: dropped or summarised by then: recorded with the run, so the turn replays from the same transcript.
     session_turns: tuple[dict[str, Any], ...] = ()
     session_dropped: int = 0
     #: How every model step of the run generates (from its task and the planner's settings, when it started).

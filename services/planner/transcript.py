@@ -66,16 +66,37 @@ class Turn:
 @dataclass(frozen=True, kw_only=True)
 class Transcript:
     """A session as a turn starts from it: its ``epoch`` (a delete moves it on: a turn begun in an earlier
-    epoch belongs to a session that was deleted), its turns, oldest first, and how many turns were
-    dropped from it so far to keep it within its budget."""
+    epoch belongs to a session that was deleted), its turns, oldest first, how many turns left it so far
+    to keep it within its budget (dropped, or folded into the summary), and the ``summary`` of those
+    (``overflow = summarise``: services/planner/summaries.py; "" when none).
+
+    Stored (``sessions.turns``, a run's ``session_turns``) as its turns' dicts, preceded by
+    ``{"summary": ..., "tokens": n}`` when it has a summary: one JSON array, so the transition writer
+    and the session's row need no column of their own for it."""
 
     epoch: int = 0
     turns: tuple[Turn, ...] = ()
     dropped: int = 0
+    summary: str = ""
+
+    @property
+    def summary_tokens(self) -> int:
+        return estimate_tokens(self.summary) + MESSAGE_OVERHEAD if self.summary else 0
 
     @property
     def tokens(self) -> int:
-        return sum(t.tokens for t in self.turns)
+        return self.summary_tokens + sum(t.tokens for t in self.turns)
+
+    def instructions(self, system: str) -> str:
+        """The turn's instructions with the session's summary after them (the model reads it as context
+        it was given, not as something a user said)."""
+        return f"{system}\n\nSummary of the conversation before the turns below: {self.summary}" if self.summary \
+            else system
+
+    def rows(self) -> list[dict[str, Any]]:
+        """As ``sessions.turns`` and a run's ``session_turns`` hold it (see the class)."""
+        head = [{"summary": self.summary, "tokens": self.summary_tokens}] if self.summary else []
+        return head + [t.to_dict() for t in self.turns]
 
     def messages(self) -> tuple[Message, ...]:
         """What the model sees of the session, before the turn's own task."""
@@ -91,15 +112,23 @@ class Transcript:
             cut += 1
         if cut == 0:
             return self
-        return Transcript(epoch=self.epoch, turns=self.turns[cut:], dropped=self.dropped + cut)
+        return Transcript(epoch=self.epoch, turns=self.turns[cut:], dropped=self.dropped + cut, summary=self.summary)
 
     def after(self, turn: Turn) -> Transcript:
         """The transcript once ``turn`` has finished."""
-        return Transcript(epoch=self.epoch, turns=(*self.turns, turn), dropped=self.dropped)
+        return Transcript(epoch=self.epoch, turns=(*self.turns, turn), dropped=self.dropped, summary=self.summary)
 
     @classmethod
-    def from_rows(cls, epoch: int, turns: Iterable[Mapping[str, Any]], dropped: int = 0) -> Transcript:
-        return cls(epoch=epoch, turns=tuple(Turn.from_dict(t) for t in turns), dropped=dropped)
+    def from_rows(cls, epoch: int, turns: Iterable[Mapping[str, Any]], dropped: int = 0,
+                  summary: str = "") -> Transcript:
+        """From ``rows()`` (a summary entry first, if any), or from a session's row (``summary`` apart)."""
+        kept: list[Turn] = []
+        for row in turns:
+            if "summary" in row:
+                summary = str(row["summary"])
+            else:
+                kept.append(Turn.from_dict(row))
+        return cls(epoch=epoch, turns=tuple(kept), dropped=dropped, summary=summary)
 
 
 def started(state: RunState) -> Transcript:
@@ -124,7 +153,7 @@ def event(state: RunState, service: str) -> SessionUpdated | None:
     return SessionUpdated.build(
         run_id=state.run_id, step=f"{state.run_id}:session", service=service, created_at=state.updated_at,
         session=state.session, epoch=after.epoch, dropped=after.dropped, tokens=after.tokens,
-        turns=[SessionTurn(run_id=t.run_id, user=t.user, reply=t.reply, answer=t.answer, tokens=t.tokens)
+        summary=after.summary, turns=[SessionTurn(run_id=t.run_id, user=t.user, reply=t.reply, answer=t.answer, tokens=t.tokens)
                for t in after.turns])
 
 

@@ -21,9 +21,9 @@ DEFAULT_TOKEN_BUDGET: Final = 1024
 @dataclass(frozen=True, kw_only=True)
 class SessionSettings:
     """``token_budget``: the estimated tokens (services/planner/transcript.py) of earlier turns a turn's
-    model may see; the oldest turns beyond it are dropped (``overflow = drop``) before the turn starts, so
-    no model request carries a transcript over it. ``summarise`` (a model step that condenses them) is
-    not implemented yet and is refused rather than silently dropping."""
+    model may see; the oldest turns beyond it are dropped (``overflow = drop``) or condensed into the
+    session's summary by a model step of the turn (``summarise``: services/planner/summaries.py) before
+    the turn starts, so no model request carries a transcript over it."""
 
     token_budget: int = DEFAULT_TOKEN_BUDGET
     overflow: SessionOverflow = "drop"
@@ -35,8 +35,5 @@ class SessionSettings:
         overflow = one_of(raw, SESSION_OVERFLOWS)
         if overflow is None:
             raise ConfigError(f"AGENTSTREAM_SESSION_OVERFLOW={raw!r} must be one of {', '.join(SESSION_OVERFLOWS)}")
-        if overflow == "summarise":
-            raise ConfigError("AGENTSTREAM_SESSION_OVERFLOW=summarise is not implemented yet: use drop (the oldest "
-                              "turns beyond AGENTSTREAM_SESSION_TOKEN_BUDGET are dropped)")
         return cls(token_budget=env.positive_int("AGENTSTREAM_SESSION_TOKEN_BUDGET", DEFAULT_TOKEN_BUDGET),
                    overflow=overflow)

@@ -473,6 +473,8 @@ class SessionUpdated(Event):
     turns: list[SessionTurn] = field(default_factory=list)
     dropped: int = 0
     tokens: int = 0
+    #: The turns folded out of ``turns`` as a model summarised them (``overflow = summarise``); "" if none.
+    summary: str = ""
 
 
 #: Every event class by its Avro record name (``Event.schema_name``): the events agentstream puts on its

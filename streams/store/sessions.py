@@ -28,8 +28,9 @@ from agentstream.streams.core.kinds import RunStatus
 @dataclass(frozen=True, kw_only=True)
 class SessionRow:
     """A session as ``sessions`` holds it. ``turns``: ``{"run_id", "user", "reply", "answer", "tokens"}``
-    each, oldest first; ``deleted_at``: when it was last deleted (its turns are empty since, unless a turn
-    has begun it again: then None)."""
+    each, oldest first; ``summary``: a model's summary of the turns folded out of them (``overflow =
+    summarise``; stored as a first ``{"summary", "tokens"}`` entry of the ``turns`` column); ``deleted_at``:
+    when it was last deleted (its turns are empty since, unless a turn has begun it again: then None)."""
 
     session_id: str
     prefix: str
@@ -41,6 +42,7 @@ class SessionRow:
     updated_at: datetime
     deleted_at: datetime | None = None
     last_run_id: str | None = None
+    summary: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +83,9 @@ _COLUMNS = ("session_id, prefix, epoch, turns::text AS turns, dropped, tokens, c
 
 def _row(record: asyncpg.Record) -> SessionRow:
     data = dict(record)
-    data["turns"] = orjson.loads(data["turns"]) if data["turns"] else []
+    turns = orjson.loads(data["turns"]) if data["turns"] else []
+    data["summary"] = next((str(t["summary"]) for t in turns if "summary" in t), "")
+    data["turns"] = [t for t in turns if "summary" not in t]
     return SessionRow(**data)
 
 

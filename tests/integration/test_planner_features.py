@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -11,6 +12,8 @@ import pytest
 import pytest_asyncio
 
 from agentstream.services.worker import WorkerOptions
+from agentstream.streams.config.sessions import SessionSettings
+from agentstream.streams.core.events import SessionUpdated
 from agentstream.testing import Pipeline, isolated, wait_awaiting_approval
 from tests.integration.processes import wait_for
 
@@ -21,7 +24,9 @@ DOC = "Log compaction keeps the latest value for every key of a Kafka topic and 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pipe(settings, effects_table):
-    async with Pipeline.start(isolated(settings, f"t{uuid.uuid4().hex[:8]}."),
+    # Sessions over their budget are summarised (the default drops: tests/unit/test_sessions.py).
+    summarising = dataclasses.replace(settings, sessions=SessionSettings(token_budget=600, overflow="summarise"))
+    async with Pipeline.start(isolated(summarising, f"t{uuid.uuid4().hex[:8]}."),
                               WorkerOptions(backend="scripted", tool_modules=TOOLS)) as pipeline:
         pool = await pipeline.client.pool()
         await pool.execute(
@@ -132,12 +137,12 @@ async def _mirror(pipe, session: str) -> list[bytes | None]:
         await consumer.stop()
 
 
-async def _mirrored(pipe, session: str, turns: int) -> list:
+async def _mirrored(pipe, session: str, turns: int) -> SessionUpdated:
     """The session's latest ``SessionUpdated`` once it holds ``turns`` turns (it is published just after the
     turn's outcome)."""
     for _ in range(50):
         values = [v for v in await _mirror(pipe, session) if v is not None]
-        if values and len(latest := pipe.client.runtime.codec.decode(values[-1]).turns) == turns:
+        if values and len((latest := pipe.client.runtime.codec.decode(values[-1])).turns) == turns:
             return latest
         await asyncio.sleep(0.1)
     raise AssertionError(f"agent.sessions never held {turns} turns of {session}")
@@ -158,7 +163,27 @@ async def test_a_sessions_third_turn_sees_the_first_two(pipe):
     pool = await pipe.client.pool()
     started = await pool.fetchval("SELECT state->'session_turns' FROM runs WHERE run_id = $1", run_id)
     assert [t["answer"] for t in json.loads(started)] == ["alpha", "beta"]
-    assert [t.answer for t in await _mirrored(pipe, session, 3)] == answers  # the compacted mirror
+    assert [t.answer for t in (await _mirrored(pipe, session, 3)).turns] == answers  # the compacted mirror
+
+
+async def test_a_session_over_its_budget_is_summarised_by_a_model_step_and_the_turn_sees_the_summary(pipe):
+    session = f"chat-{uuid.uuid4().hex[:6]}"
+    padding = " and more" * 80  # ~240 estimated tokens a turn: the third turn's transcript is over 600
+    answers = []
+    for text in ("[[answer:alpha]] my name is Ada", "[[answer:beta]] I live in Paris", "[[answer:gamma]] I like tea",
+                 "[[recall]] who am I?"):
+        run_id = await pipe.client.submit(text + padding, tools=[], prefetch=False, session=session, max_steps=1)
+        answers.append((await pipe.client.wait(run_id, timeout=30)).answer)
+    assert answers[:3] == ["alpha", "beta", "gamma"]
+    assert answers[3] == "recall: [earlier: alpha, beta] gamma"  # the summary in the instructions, then a turn
+    pool = await pipe.client.pool()
+    steps = await pool.fetch("SELECT step_id, request FROM steps WHERE run_id = $1 AND kind = 'model' ORDER BY step_index",
+                             run_id)
+    assert [r["step_id"] for r in steps] == [f"{run_id}:0:model", f"{run_id}:1:model"]  # the summary step first
+    details = await pipe.client.sessions.show(session)
+    assert details is not None and details.row.summary == "earlier: alpha, beta" and details.row.dropped == 2
+    assert [t["answer"] for t in details.row.turns] == answers[2:]
+    assert (await _mirrored(pipe, session, 2)).summary == "earlier: alpha, beta"
 
 
 async def test_two_turns_submitted_at_once_both_run_in_order(pipe):

@@ -8,7 +8,12 @@ It reads directives from the task (the first user message) and plays them one pe
 - ``[[answer:TEXT]]`` — answer;
 - ``[[garbage]]`` — reply with text that is not an action (the planner must cope);
 - ``[[slow:MS]]`` — take MS milliseconds over the next reply;
-- ``[[recall]]`` — answer with the answers of the session's earlier turns (``recall: a | b``).
+- ``[[recall]]`` — answer with the answers of the session's earlier turns (``recall: a | b``), after the
+  session's summary if it has one (``recall: [summary] a | b``).
+
+A request to summarise a session's oldest turns (services/planner/summaries.py: its system message ends
+``Reply with the summary only.``) gets ``earlier: a, b``: the earlier summary's answers and the folded
+turns' answers, in order.
 
 A turn of a session starts at its task, the last user message with directives; the earlier turns'
 messages before it are its transcript.
@@ -33,11 +38,16 @@ from agentstream.streams.core.events import ToolCall
 _DIRECTIVE = re.compile(r"\[\[(tools|tool|retrieve|answer|garbage|slow|recall)(?::(.*?))?\]\]", re.S)
 #: Between two calls of a ``tools`` directive: a bar before the next tool's name and its arguments.
 _NEXT_CALL = re.compile(r"\s*\|\s*(?=[A-Za-z_][\w.-]*\s*\{)")
+_SUMMARISE = "Reply with the summary only."
+_SUMMARY = re.compile(r"Summary of the conversation before the turns below: (.*)\Z", re.S)
 _ARITHMETIC = re.compile(r"[-+(]*\d[\d.\s]*(?:[-+*/%^][\s(]*[-+]?\d[\d.\s]*\)*)+")
 
 
 def scripted_reply(messages: tuple[ChatMessage, ...]) -> tuple[str, float]:
     """The reply to a conversation, and the seconds to take over it."""
+    if messages and messages[0].role == "system" and messages[0].content.endswith(_SUMMARISE):
+        return _summary(messages[-1].content), 0.0
+    summary = _SUMMARY.search(messages[0].content) if messages and messages[0].role == "system" else None
     earlier, messages = _this_turn(messages)
     task = next((m.content for m in messages if m.role == "user"), "")
     step = sum(1 for m in messages if m.role == "assistant")
@@ -72,7 +82,8 @@ def scripted_reply(messages: tuple[ChatMessage, ...]) -> tuple[str, float]:
         if kind == "retrieve":
             return json.dumps({"action": "retrieve", "query": arg}), delay
         if kind == "recall":
-            return json.dumps({"action": "final_answer", "answer": "recall: " + " | ".join(_answers(earlier))}), delay
+            recalled = (f"[{summary.group(1)}] " if summary else "") + " | ".join(_answers(earlier))
+            return json.dumps({"action": "final_answer", "answer": "recall: " + recalled}), delay
         if kind == "answer":
             return json.dumps({"action": "final_answer", "answer": arg}), delay
         return "I am not sure what to do next.", delay
@@ -90,6 +101,17 @@ def _this_turn(messages: tuple[ChatMessage, ...]) -> tuple[tuple[ChatMessage, ..
     if start is None:
         return (), messages
     return messages[:start], messages[:1] + messages[start:]
+
+
+def _summary(prompt: str) -> str:
+    """The scripted summary of a summarising request's prompt (see the module's docstring)."""
+    parts = []
+    for line in prompt.splitlines():
+        if line.startswith("Earlier summary: earlier: "):
+            parts.append(line.removeprefix("Earlier summary: earlier: "))
+        elif line.startswith("Assistant: "):
+            parts.append(line.removeprefix("Assistant: "))
+    return "earlier: " + ", ".join(parts)
 
 
 def _answers(messages: tuple[ChatMessage, ...]) -> list[str]:
