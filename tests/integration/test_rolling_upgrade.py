@@ -8,6 +8,11 @@ worker is replaced by a new one, one at a time (the new one joins before the old
 maxUnavailable 0), in the order that makes every pair read the other's version: planner A, tools,
 inference, planner B. Every run completes, each side effect happens once, nothing is dead-lettered, and
 both versions of each changed event were on the topics while the other version's processes read them.
+
+The load uses the fields the conversations issue added (issue 32), so they cross versions too: every
+other run is a turn of its client's session (turns move between planners as they are replaced), makes
+its two calls in parallel, asks for a structured answer and sets generation settings. Turns of a
+session must all complete, in order, and the session's transcript must hold each of them once.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from tests.schema_upgrade import newer_schemas
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(420)]
 TOOLS = ("--tools", "agentstream.services.tools.builtin", "--tools", "tests.integration.pipeline_tools")
 TASK = '[[slow:100]] [[tool:effect {"label": "a"}]] [[tool:effect {"label": "b"}]] [[answer:done]]'
+#: The same two effects as one parallel call, then a structured answer, as a turn of a session.
+TURN = '[[slow:100]] [[tools:effect {"label": "a"} | effect {"label": "b"}]] [[answer:{"done": true}]]'
+DONE = {"type": "object", "required": ["done"], "properties": {"done": {"type": "boolean"}}}
 #: Replaced in this order, each by a new worker of the same service.
 ROLLOUT = (("planner", "planner-a"), ("tools", "tools"), ("inference", "inference"), ("planner", "planner-b"))
 
@@ -86,14 +94,24 @@ class Load:
     def __init__(self, clients: list[AgentClient]) -> None:
         self.clients = clients
         self.run_ids: list[str] = []
+        self.turns: dict[str, list[str]] = collections.defaultdict(list)  # session -> its turns, in order
         self.errors: list[str] = []
         self.stop = asyncio.Event()
+        self.sessions = [f"upgrade-{uuid.uuid4().hex[:6]}-{i}" for i in range(len(clients))]
 
     async def submit(self, every_s: float) -> None:
         while not self.stop.is_set():
-            client = self.clients[len(self.run_ids) % len(self.clients)]
+            n = len(self.run_ids)
+            client = self.clients[n % len(self.clients)]
             try:
-                self.run_ids.append(await client.submit(TASK, tools=["effect"], max_steps=8, deadline=240))
+                if n // len(self.clients) % 2:
+                    session = self.sessions[n % len(self.clients)]
+                    run_id = await client.submit(TURN, tools=["effect"], max_steps=8, deadline=240, session=session,
+                                                 output_schema=DONE, max_tokens=64, temperature=0.3, seed=11)
+                    self.turns[session].append(run_id)
+                else:
+                    run_id = await client.submit(TASK, tools=["effect"], max_steps=8, deadline=240)
+                self.run_ids.append(run_id)
             except Exception as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(every_s)
@@ -186,6 +204,13 @@ async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run
             await conn.close()
         assert {(r["run_id"], r["label"]) for r in rows} == {(r, lbl) for r in load.run_ids for lbl in ("a", "b")}
         assert [(r["run_id"], r["label"], r["n"]) for r in rows if r["n"] != 1] == [], "an effect happened twice"
+        turns = {r for rs in load.turns.values() for r in rs}
+        assert turns and all(r.output == {"done": True} for r in results if r.run_id in turns)
+        for session, run_ids in load.turns.items():  # every turn once, in the order submitted
+            details = await clients[0].sessions.show(session)
+            assert details is not None
+            kept = [t["run_id"] for t in details.row.turns]  # the oldest may have left for the token budget
+            assert kept == run_ids[len(run_ids) - len(kept):] and details.row.dropped + len(kept) == len(run_ids)
 
         # Both versions of every changed event were on its topic: each side read the other's.
         old, new_registry = LocalRegistry(), LocalRegistry(newer)
