@@ -30,7 +30,10 @@ scraped every 5 s by this script, as Prometheus would) and traces every run (``-
 ``OTEL_EXPORTER_OTLP_ENDPOINT``); the submitting client starts each run's root span. ``--telemetry off``:
 no metrics endpoint and no spans (the traceparent header is still carried).
 
+``--workload conversations``: every run a turn of a session with two parallel calls (bench/perf/workloads.py).
+
     .venv/bin/python -m bench.perf.pipeline [--concurrency 1,50] [--runs 1000] [--sequential-runs 300]
+                                       [--workload plain|conversations]
                                        [--layout split] [--telemetry on|off|metrics|tracing] [--trace-mode file|otlp]
                                        [--trace-sample 1.0] [--breakdown] [--json]
 """
@@ -67,6 +70,7 @@ from agentstream.streams.telemetry.discovery import discover
 from agentstream.streams.telemetry.tracing import Tracing
 from bench.perf.proc_cpu import cpu_seconds
 from bench.perf.scripted_agent import run_agent
+from bench.perf.workloads import WORKLOADS, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +90,7 @@ def in_process_steps_per_s(runs: int) -> float:
 
 async def submit_all(client: AgentClient, count: int, concurrency: int, offset: int,
                      run_ms: list[float] | None = None,
-                     submit_ms: list[float] | None = None) -> tuple[list[str], float]:
+                     submit_ms: list[float] | None = None, workload: Workload = WORKLOADS["plain"]) -> tuple[list[str], float]:
     """``count`` runs, ``concurrency`` at a time; each run's latency (submit → outcome) into ``run_ms``
     and each submit's (validated, produced, acknowledged) into ``submit_ms``."""
     semaphore = asyncio.Semaphore(concurrency)
@@ -95,8 +99,7 @@ async def submit_all(client: AgentClient, count: int, concurrency: int, offset: 
     async def one(i: int) -> None:
         async with semaphore:
             t0 = time.perf_counter()
-            run_id = await client.submit(f"What is {i} + {i}?", tools=["calculator"], max_steps=5,
-                                         prefetch=False)
+            run_id = await workload.submit(client, i, concurrency)
             t1 = time.perf_counter()
             run_ids.append(run_id)
             result = await client.wait(run_id, timeout=300)
@@ -104,8 +107,8 @@ async def submit_all(client: AgentClient, count: int, concurrency: int, offset: 
                 run_ms.append((time.perf_counter() - t0) * 1000)
             if submit_ms is not None:
                 submit_ms.append((t1 - t0) * 1000)
-            if not result.ok or result.steps != 3:
-                raise RuntimeError(f"run {run_id} did not take the 3 expected steps: {result}")
+            if not result.ok or result.steps != workload.steps:
+                raise RuntimeError(f"run {run_id} did not take the {workload.steps} expected steps: {result}")
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(offset + i) for i in range(count)))
@@ -148,10 +151,11 @@ class Level:
     hops: list[float] = field(default_factory=list)
     made_to_consumed: list[float] = field(default_factory=list)
     by_type: dict[str, list[float]] = field(default_factory=dict)
+    steps_per_run: int = 3
 
     @property
     def steps(self) -> int:
-        return 3 * self.runs
+        return self.steps_per_run * self.runs
 
     def cpu_ms_per_step(self, names: tuple[str, ...] = ("planner", "inference", "tools", "retrieval", "all",
                                                          "broker", "postgres")) -> float:
@@ -159,7 +163,8 @@ class Level:
 
 
 async def measure(settings: Settings, levels: list[tuple[int, int]], telemetry: bool = False,
-                  processes: dict[str, list[int]] | None = None) -> tuple[list[Level], float, int]:
+                  processes: dict[str, list[int]] | None = None,
+                  workload: Workload = WORKLOADS["plain"]) -> tuple[list[Level], float, int]:
     """Each (concurrency, runs) level in turn after a warm-up; also the old 20-run unloaded step time."""
     processes = processes or {}
     stop_scraping = asyncio.Event()
@@ -170,7 +175,7 @@ async def measure(settings: Settings, levels: list[tuple[int, int]], telemetry: 
         # Warm-up at the highest concurrency: connections, statement plans, and the broker's JIT
         # (a freshly started JVM is several times slower for its first tens of seconds).
         top = max(c for c, _ in levels)
-        await submit_all(client, max(300, max(r for _, r in levels) // 4), top, 0)
+        await submit_all(client, max(300, max(r for _, r in levels) // 4), top, 0, workload=workload)
         sequential: list[float] = []
         for i in range(20):
             t0 = time.perf_counter()
@@ -182,11 +187,11 @@ async def measure(settings: Settings, levels: list[tuple[int, int]], telemetry: 
             submit_ms: list[float] = []
             cpu0 = cpu_by_process(processes)
             start = time.time()
-            run_ids, wall = await submit_all(client, runs, concurrency, 100_000 * (n + 1), run_ms, submit_ms)
+            run_ids, wall = await submit_all(client, runs, concurrency, 100_000 * (n + 1), run_ms, submit_ms, workload)
             end = time.time()
             cpu1 = cpu_by_process(processes)
             measured.append(Level(concurrency, runs, run_ids, wall, run_ms, submit_ms,
-                                  {k: cpu1[k] - cpu0[k] for k in cpu0}, (start, end)))
+                                  {k: cpu1[k] - cpu0[k] for k in cpu0}, (start, end), steps_per_run=workload.steps))
     scrapes = 0
     if scraper is not None:
         stop_scraping.set()
@@ -312,9 +317,9 @@ def print_breakdown(level: Level, table: dict[str, dict[str, float]]) -> None:
     path = sum(row["per_step_ms"] for name, row in table.items()
                if name.rpartition(".")[2] in ON_PATH and name.partition(".")[0] not in ("client",))
     path += table.get("client.outcome_deliver", {}).get("per_step_ms", 0.0)
-    run_mean = statistics.fmean(level.run_ms) / 3
+    run_mean = statistics.fmean(level.run_ms) / level.steps_per_run
     print(f"    critical path (deliver + queue + decode + to send, every record; + the outcome's delivery): "
-          f"{path:.2f} ms/step of {run_mean:.2f} ms/step measured (run mean / 3)")
+          f"{path:.2f} ms/step of {run_mean:.2f} ms/step measured (run mean / {level.steps_per_run})")
     cpu = {k: 1000 * v / level.steps for k, v in level.cpu_s.items()}
     print("    CPU per step: " + ", ".join(f"{k} {v:.3f} ms" for k, v in cpu.items())
           + f"; workers + broker + PostgreSQL {level.cpu_ms_per_step():.3f} ms")
@@ -325,7 +330,7 @@ def level_report(level: Level, in_process_ms: float) -> dict[str, float]:
     run_mean = statistics.fmean(level.run_ms)
     return {"concurrency": level.concurrency, "runs": level.runs,
             "steps_per_s": round(level.steps / level.wall_s, 1),
-            "overhead_per_step_ms": round(statistics.median(level.run_ms) / 3 - in_process_ms, 2),
+            "overhead_per_step_ms": round(statistics.median(level.run_ms) / level.steps_per_run - in_process_ms, 2),
             "run_p50_ms": round(percentile(level.run_ms, 50), 2), "run_mean_ms": round(run_mean, 2),
             "run_p99_ms": round(percentile(level.run_ms, 99), 2),
             "hop_p50_ms": round(percentile(level.hops, 50), 2), "hop_p99_ms": round(percentile(level.hops, 99), 2),
@@ -358,8 +363,12 @@ def main() -> None:
     parser.add_argument("--trace-sample", type=float, default=1.0, help="fraction of runs traced")
     parser.add_argument("--breakdown", action="store_true",
                         help="time per stage of every record, per process (AGENTSTREAM_STAGES_DIR), and CPU per process")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="plain",
+                        help="plain: runs of 3 steps; conversations: turns of sessions with two parallel calls "
+                             "(bench/perf/workloads.py)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
     levels = parse_levels(args.concurrency, args.runs, args.sequential_runs)
 
     status = DevStack().up()
@@ -390,7 +399,7 @@ def main() -> None:
     try:
         asyncio.run(wait_ready(settings))
         measured, sequential_ms, scrapes = asyncio.run(measure(settings, levels, telemetry=metered,
-                                                               processes=processes))
+                                                               processes=processes, workload=workload))
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -414,7 +423,7 @@ def main() -> None:
         "hop_p99_ms": reports[-1]["hop_p99_ms"], "in_process_steps_per_s": round(baseline, 1),
         "unloaded_step_ms": round(sequential_ms, 2),
         "created_to_consumed_p50_ms": round(percentile(high.made_to_consumed, 50), 2),
-        "runs": high.runs, "concurrency": high.concurrency, "layout": args.layout,
+        "runs": high.runs, "concurrency": high.concurrency, "layout": args.layout, "workload": workload.name,
         "telemetry": args.telemetry, "trace_mode": args.trace_mode if traced else None,
         "trace_sample": args.trace_sample if traced else None, "metrics_scrapes": scrapes,
         "worker_cpu_ms_per_step": reports[-1]["worker_cpu_ms_per_step"],
@@ -439,7 +448,7 @@ def main() -> None:
             atexit.unregister(own.write)  # read here; its directory goes below
         out["breakdown"] = {}
     for level, report in zip(measured, reports, strict=True):
-        print(f"{level.runs} runs x 3 steps, {level.concurrency} in flight")
+        print(f"{level.runs} runs x {level.steps_per_run} steps ({workload.name}), {level.concurrency} in flight")
         print(f"  throughput        {report['steps_per_s']:>8} steps/s  ({level.wall_s:.1f} s)")
         print(f"  run latency       p50 {report['run_p50_ms']} ms   p99 {report['run_p99_ms']} ms   "
               f"→ overhead {report['overhead_per_step_ms']} ms/step over {in_process_ms:.3f} ms in-process")

@@ -254,4 +254,12 @@ async def test_trtllm_renders_the_tools_with_the_chat_template_and_reads_the_cal
     assert options["tools"] == TOOLS
     assert rendered[1]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "1+1"}}
     assert rendered[2] == {"role": "tool", "tool_call_id": "call_0", "name": "calculator", "content": "2"}
+    # guided: once the model opens a call, it must name a tool of the run and match its schema
+    tag = json.loads(fake.params.guided_decoding.kwargs["structural_tag"])
+    assert tag["triggers"] == ["<tool_call>"] and [s["schema"] for s in tag["structures"]] == [
+        t["function"]["parameters"] for t in TOOLS]
+    [calculator] = [s for s in tag["structures"] if '"calculator"' in s["begin"]]
+    guided_output = calculator["begin"] + '{"expression": "3*3"}' + calculator["end"]
+    assert [(c.name, json.loads(c.arguments)) for c in tool_call_text.parse(guided_output)[1]] == [
+        ("calculator", {"expression": "3*3"})]
     await backend.close()

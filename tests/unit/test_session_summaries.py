@@ -10,7 +10,12 @@ from datetime import UTC, datetime
 from agentstream.services.planner import machine, summaries, transcript
 from agentstream.services.planner.state import RunState, SummaryRequest
 from agentstream.services.planner.transcript import Transcript, Turn
-from agentstream.streams.core.events import InferenceCompleted, InferenceRequested, SessionUpdated, TaskSubmitted
+from agentstream.streams.core.events import (
+    InferenceCompleted,
+    InferenceRequested,
+    SessionUpdated,
+    TaskSubmitted,
+)
 from agentstream.streams.kafka.topics import Topics
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)

@@ -36,6 +36,19 @@ def _call(obj: Any, k: int) -> ToolCall | None:
     return ToolCall(id=f"call_{k}", name=obj["name"], arguments=json.dumps(arguments))
 
 
+def structural_tag(tools: list[dict[str, Any]]) -> str:
+    """The guided-decoding constraint for calls in the Hermes format (xgrammar's structural tag, as
+    TensorRT-LLM's ``GuidedDecodingParams(structural_tag=...)`` takes it): output is free until the model
+    writes ``<tool_call>``; from there it must be one of the run's tools, by name, with arguments that
+    match that tool's schema, up to ``</tool_call>``. A model whose template teaches another format
+    never writes the trigger, so the constraint costs it nothing."""
+    structures = [{"begin": f'<tool_call>\n{{"name": {json.dumps(tool["function"]["name"])}, "arguments": ',
+                   "schema": tool["function"].get("parameters") or {"type": "object"},
+                   "end": "}\n</tool_call>"}
+                  for tool in tools if tool.get("type") == "function" and "function" in tool]
+    return json.dumps({"type": "structural_tag", "structures": structures, "triggers": ["<tool_call>"]})
+
+
 def parse(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     """``(content, calls)``: the reply's text without its call blocks, and its calls (none: an answer)."""
     blocks = _HERMES.findall(text)
@@ -61,4 +74,4 @@ def parse(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     return text, ()
 
 
-__all__ = ["parse"]
+__all__ = ["parse", "structural_tag"]

@@ -311,6 +311,10 @@ class TrtLlmBackend:
         if request.response_schema is not None and self.guided_decoding_backend:
             options["guided_decoding"] = self._api["GuidedDecodingParams"](
                 json=json.dumps(request.response_schema))
+        elif request.tools and self.guided_decoding_backend == "xgrammar":
+            # Native calls: each one constrained to a tool of the run and its schema (tool_call_text.py).
+            options["guided_decoding"] = self._api["GuidedDecodingParams"](
+                structural_tag=tool_call_text.structural_tag(request.tools))
         try:
             return self._api["SamplingParams"](**options)
         except (TypeError, ValueError) as exc:  # a sampling option this release does not have
