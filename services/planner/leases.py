@@ -32,8 +32,10 @@ class Leases:
     assignment. ``stats["fenced"]`` counts the transitions and publications refused by a newer lease."""
 
     def __init__(self, store: TransitionStore, topics: Topics, cache: RunCache, stats: dict[str, int], *,
-                 session_timeout_s: float) -> None:
+                 session_timeout_s: float, on_loaded: Callable[[RunState], None] | None = None) -> None:
         self.store = store
+        #: Told of every active run of a partition taken over (the sessions' queued turns).
+        self.on_loaded = on_loaded
         self.topics = topics
         self.cache = cache
         self.stats = stats
@@ -151,8 +153,11 @@ class Leases:
         states = await wait_out(lambda: self.store.active_states(topics.prefix), "loading active runs")
         for raw in states:
             state = RunState.from_json(raw)
-            if topics.partition_for(state.run_id) in fresh and state.run_id not in self.cache:
-                self.cache.remember(state)
+            if topics.partition_for(state.run_id) in fresh:
+                if state.run_id not in self.cache:
+                    self.cache.remember(state)
+                if self.on_loaded is not None:
+                    self.on_loaded(state)
         for partition, lease in fresh.items():
             if not leases[partition].done():  # (cancelled: revoked meanwhile)
                 leases[partition].set_result(lease)

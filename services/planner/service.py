@@ -85,14 +85,15 @@ class Planner:
         self.admission = Admission(runtime, store, tools, timedelta(seconds=max_run_s))
         self.runner: ServiceRunner | None = None
         self.stats = {"redriven": 0, "expired": 0, "rechecked": 0, "fenced": 0, "rejected": 0}
+        #: Turns of sessions: admitted in order, one at a time per session (services/planner/sessions.py).
+        self.sessions = Sessions(self)
         self.leases = Leases(store, runtime.topics, self.cache, self.stats,
-                             session_timeout_s=runtime.settings.session_timeout_ms / 1000)
+                             session_timeout_s=runtime.settings.session_timeout_ms / 1000,
+                             on_loaded=self.sessions.loaded)
         self.sweeper = Sweeper(self, step_timeout_s=step_timeout_s, deadline_tick_s=deadline_tick_s,
                                sweep_interval_s=sweep_interval_s)
         #: Runs with results put aside (``_wait_for_request``): resolved by the run's next transition.
         self._advanced: dict[str, asyncio.Future[None]] = {}
-        #: Turns of sessions: admitted in order, one at a time per session (services/planner/sessions.py).
-        self.sessions = Sessions(self)
 
     @property
     def assigned(self) -> set[int]:

@@ -57,7 +57,13 @@ class Sessions:
         self.planner = planner
         self._locks: dict[str, asyncio.Lock] = {}
         self._holders: dict[str, int] = {}
-        self.stats = {"queued": 0, "begun": 0, "refused": 0}
+        #: Queued turns not yet begun, by session: a hint that spares a turn's end a query when nothing
+        #: waits (most turns). It counts the turns this planner queued and those it found queued when it
+        #: took their partition over (``loaded``); it may err high (a queued turn that failed to be
+        #: recorded: one query too many), and where it errs low (a turn queued by the previous owner after
+        #: that load) the sweeper begins the turn, as after a crash (``Sweeper.due``).
+        self._queued: dict[str, int] = {}
+        self.stats = {"queued": 0, "begun": 0, "refused": 0, "unqueued_ends": 0}
 
     @contextlib.asynccontextmanager
     async def hold(self, session: str | None) -> AsyncIterator[None]:
@@ -75,6 +81,11 @@ class Sessions:
             self._holders[session] -= 1
             if not self._holders[session]:
                 del self._holders[session], self._locks[session]
+
+    def loaded(self, state: RunState) -> None:
+        """A run of a partition this planner took over: count it if it is a queued turn."""
+        if state.status == QUEUED and state.session is not None:
+            self._queued[state.session] = self._queued.get(state.session, 0) + 1
 
     def order_keys(self, record: Record) -> Sequence[bytes]:
         """A task that says it is a turn of a session (``agentstream-session``) is handled after the
@@ -108,12 +119,12 @@ class Sessions:
         if problem is not None or task.session is None:
             self.stats["refused"] += 1
             return machine.fail(state, now, "invalid_task", problem or "no session")
-        row = await store.load_session(prefix, task.session)
+        row, turns = await store.session_with_turns(prefix, task.session)
         state = state.changed(session_epoch=row.epoch if row is not None else 0,
                               session_seq=ctx.record.offset if ctx is not None else 0)
-        going = [t for t in await store.session_turns(prefix, task.session) if t.run_id != task.run_id]
-        if going:
+        if [t for t in turns if t.run_id != task.run_id]:
             self.stats["queued"] += 1
+            self._queued[task.session] = self._queued.get(task.session, 0) + 1
             return state
         self.stats["begun"] += 1
         return await self.begin(state, row, now)
@@ -152,17 +163,24 @@ class Sessions:
             log.warning("planner: the next turn of session %r did not begin (%s: %s); the sweeper will begin it",
                         state.session, type(exc).__name__, exc)
 
-    async def advance(self, session: str) -> None:
+    async def advance(self, session: str, *, force: bool = False) -> None:
         """Begin the session's oldest queued turn if none of its turns is going (the ones that fail to
         begin, for a deleted session, are passed over). Every transition is recorded under the lock;
-        what it asks for is published after."""
+        what it asks for is published after. Unless ``force`` (the sweeper, which found a queued turn),
+        nothing is looked up when this planner queued no turn of the session (``_queued``)."""
         planner = self.planner
         store, topics = planner.store, planner.runtime.topics
         begun: list[tuple[RunState, list]] = []
         async with self.hold(session):
             while True:
+                if not force and not self._queued.get(session):
+                    self.stats["unqueued_ends"] += 1
+                    break
                 turns = await store.session_turns(topics.prefix, session)
-                if not turns or any(t.status != QUEUED for t in turns):
+                if not any(t.status == QUEUED for t in turns):
+                    self._queued.pop(session, None)  # (the hint erred high)
+                    break
+                if any(t.status != QUEUED for t in turns):
                     break
                 state = await planner.load(turns[0].run_id)
                 if state is None or state.status != QUEUED:
@@ -172,6 +190,10 @@ class Sessions:
                 outputs = machine.outputs(new, topics)
                 await planner.commit(state, new, outputs, None, consumed=None)
                 self.stats["begun"] += 1
+                if self._queued.get(session, 0) > 1:
+                    self._queued[session] -= 1
+                else:
+                    self._queued.pop(session, None)
                 begun.append((new, outputs))
                 if not new.terminal:
                     break

@@ -166,7 +166,7 @@ class Sweeper:
             await planner.sessions.ended(new)  # a turn of a session: the next one begins
         elif state.status == QUEUED and state.session is not None:
             self._sessions_looked[state.session] = time.monotonic()
-            await planner.sessions.advance(state.session)
+            await planner.sessions.advance(state.session, force=True)
         elif self.due(state, now) and state.status == RUNNING:
             self._redriven[run_id] = time.monotonic()
             planner.stats["redriven"] += 1

@@ -260,6 +260,10 @@ class TransitionStore:
         """The session ``session`` of the pipeline on ``topic_prefix`` (streams/store/sessions.py)."""
         return await sessions.load(self.pool, topic_prefix, session)
 
+    async def session_with_turns(self, topic_prefix: str, session: str) -> tuple[SessionRow | None, list[TurnRef]]:
+        """The session and its turns that have not ended, in one round trip (streams/store/sessions.py)."""
+        return await sessions.with_turns(self.pool, topic_prefix, session)
+
     async def session_turns(self, topic_prefix: str, session: str) -> list[TurnRef]:
         """The session's turns that have not ended, in queue order (streams/store/sessions.py)."""
         return await sessions.active_turns(self.pool, topic_prefix, session)

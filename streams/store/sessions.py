@@ -81,7 +81,7 @@ _COLUMNS = ("session_id, prefix, epoch, turns::text AS turns, dropped, tokens, c
             "last_run_id")
 
 
-def _row(record: asyncpg.Record) -> SessionRow:
+def _row(record: asyncpg.Record | dict[str, Any]) -> SessionRow:
     data = dict(record)
     turns = orjson.loads(data["turns"]) if data["turns"] else []
     data["summary"] = next((str(t["summary"]) for t in turns if "summary" in t), "")
@@ -106,6 +106,22 @@ async def active_turns(pool: asyncpg.Pool, prefix: str, session: str) -> list[Tu
     return [TurnRef(run_id=r["run_id"], status=r["status"], seq=r["seq"]) for r in rows]
 
 
+async def with_turns(pool: asyncpg.Pool, prefix: str, session: str) -> tuple[SessionRow | None, list[TurnRef]]:
+    """``load`` and ``active_turns`` in one round trip: what a turn's arrival needs to know (the planner
+    asks it for every turn, so it is one query, not two)."""
+    record = await pool.fetchrow(
+        f"""SELECT {_COLUMNS}, (SELECT coalesce(json_agg(json_build_array(run_id, status, seq) ORDER BY seq, at), '[]')::text
+                   FROM (SELECT run_id, status, coalesce((state->>'session_seq')::bigint, 0) AS seq, submitted_at AS at
+                         FROM runs WHERE state->>'session' = $2 AND status NOT IN ('completed', 'failed')
+                           AND coalesce(state->>'topic_prefix', '') = $1) t) AS going
+            FROM (SELECT 1) one LEFT JOIN sessions ON prefix = $1 AND session_id = $2""", prefix, session)
+    assert record is not None  # (one row: the LEFT JOIN's)
+    going = [TurnRef(run_id=r, status=st, seq=q) for r, st, q in orjson.loads(record["going"])]
+    data = dict(record)
+    del data["going"]
+    return (_row(data) if data["session_id"] is not None else None), going
+
+
 async def listing(pool: asyncpg.Pool, prefix: str, *, limit: int = 50) -> list[SessionRow]:
     """The pipeline's sessions, the most recently updated first (deleted ones with no turn since left out)."""
     rows = await pool.fetch(f"SELECT {_COLUMNS} FROM sessions WHERE prefix = $1 AND deleted_at IS NULL "
@@ -120,4 +136,4 @@ async def delete(pool: asyncpg.Pool, prefix: str, session: str) -> list[str] | N
     return found
 
 
-__all__ = ["SessionRow", "SessionWrite", "TurnRef", "active_turns", "delete", "listing", "load"]
+__all__ = ["SessionRow", "SessionWrite", "TurnRef", "active_turns", "delete", "listing", "load", "with_turns"]

@@ -109,6 +109,9 @@ class MemoryHistory:
     async def load_session(self, topic_prefix: str, session: str) -> SessionRow | None:
         return self.sessions.get((topic_prefix, session))
 
+    async def session_with_turns(self, topic_prefix: str, session: str) -> tuple[SessionRow | None, list[TurnRef]]:
+        return await self.load_session(topic_prefix, session), await self.session_turns(topic_prefix, session)
+
     async def session_turns(self, topic_prefix: str, session: str) -> list[TurnRef]:
         going = []
         for run_id, run in self.runs.items():

@@ -196,6 +196,19 @@ async def test_queued_turns_begin_in_the_order_they_arrived_one_at_a_time():
         await r.feed(answer(f"t{i}", f"a{i}"))
     assert [t["answer"] for t in r.store.sessions[("", "s")].turns] == ["a1", "a2", "a3", "a4"]
     assert [q.run_id for q in requests(r)] == ["t1", "t2", "t3", "t4"]
+    # Only the last turn's end found nothing queued, and it looked nothing up (the planner's hint).
+    assert r.planner.sessions.stats["unqueued_ends"] == 1 and r.planner.sessions._queued == {}
+
+
+async def test_a_turn_queued_by_the_partitions_previous_owner_begins_when_the_running_one_ends():
+    store = MemoryHistory()
+    first = await rig(store)
+    await first.feed(task("t1", "[[answer:a]]"))
+    await first.feed(task("t2", "[[recall]]"))  # queued by the first planner, which then goes away
+    second = await rig(store)  # takes the partition over: the queued turn is counted as it loads
+    assert second.planner.sessions._queued == {"s": 1}
+    await second.feed(answer("t1", "a"))
+    assert store.state("t2").status == "running" and [q.run_id for q in requests(second)] == ["t2"]
 
 
 async def test_a_redelivered_turn_is_neither_queued_twice_nor_begun_twice():
