@@ -73,7 +73,7 @@ class InferenceService:
                                        tool_call_id=m.tool_call_id) for m in event.messages),
             max_tokens=event.max_tokens, temperature=event.temperature,
             response_schema=json.loads(event.response_schema) if event.response_schema else None,
-            cache_key=event.run_id, model=event.model, stop=tuple(event.stop), top_p=event.top_p, seed=event.seed,
+            cache_key=event.session or event.run_id, model=event.model, stop=tuple(event.stop), top_p=event.top_p, seed=event.seed,
             tools=json.loads(event.tools) if event.tools else None,
         )
         timeout = (event.deadline - datetime.now(UTC)).total_seconds() if event.deadline else None

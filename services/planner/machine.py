@@ -459,7 +459,8 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: 
                 step=step, messages=list(state.messages), model=state.model,
                 response_schema=state.response_schema, max_tokens=state.sampling.max_tokens,
                 temperature=state.sampling.temperature, top_p=state.sampling.top_p, stop=list(state.sampling.stop),
-                seed=state.sampling.seed, deadline=state.deadline, tools=state.native_tools, **common)))
+                seed=state.sampling.seed, deadline=state.deadline, tools=state.native_tools, session=state.session,
+                **common)))
         elif state.pending_kind == "tools":
             out.extend(fanout.requests(state, topics, redrive=redrive))
         elif state.pending_kind == "tool":

@@ -233,6 +233,8 @@ class InferenceRequested(Event):
     #: Native tool calling: the run's tools as OpenAI function tools (a JSON array, as text); None in the
     #: JSON-action mode (the tools are described in the system message and the action schema).
     tools: str | None = None
+    #: The session the run is a turn of: the engine's cache key, so a session's turns reuse its KV prefix.
+    session: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -336,3 +336,35 @@ async def test_a_tasks_session_header_orders_it_behind_the_sessions_earlier_task
     assert keys(record(r.topics.tasks, {"agentstream-session": b"chat-1"})) == (b"session\x00chat-1",)
     assert keys(record(r.topics.tasks, {})) == ()  # a run on its own, or a producer without the header
     assert keys(record(r.topics.inference_results, {"agentstream-session": b"chat-1"})) == ()
+
+
+async def test_a_turns_model_steps_carry_its_session_as_the_engines_cache_key():
+    from types import SimpleNamespace
+
+    from agentstream.services.inference.backends.base import Final
+    from agentstream.services.inference.service import InferenceService
+
+    state = machine.begin(machine.start(_task(), [], NOW, queued=True), Transcript(), NOW)
+    [request] = [e for _, e in machine.outputs(state, TOPICS) if isinstance(e, InferenceRequested)]
+    assert request.session == "s"
+    alone = machine.start(_task(session=None), [], NOW)
+    assert [e.session for _, e in machine.outputs(alone, TOPICS) if isinstance(e, InferenceRequested)] == [None]
+
+    keys: list[str | None] = []
+
+    class Recording:
+        name, slots = "recording", 1
+
+        async def generate(self, req):
+            keys.append(req.cache_key)
+            yield Final(text="{}", finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+
+    class Ctx:
+        async def emit(self, *_a, **_k) -> None: ...
+
+    runtime = SimpleNamespace(settings=settings(), topics=TOPICS, metrics=None, tracing=None, stages=None)
+    inference = InferenceService(runtime, Recording())  # type: ignore[arg-type]
+    inference.service()
+    for event in (request, next(e for _, e in machine.outputs(alone, TOPICS) if isinstance(e, InferenceRequested))):
+        await inference.handle(event, Ctx())  # type: ignore[arg-type]
+    assert keys == ["s", "t3"]  # the session's turns share a cache key; a run on its own keys by its run
