@@ -122,7 +122,16 @@ def _example(tool: ToolInfo) -> dict[str, Any]:
     samples: dict[str, Any] = {"string": "12 * 3" if tool.name == "calculator" else "text", "integer": 1,
                                "number": 1.5, "boolean": True, "array": [], "object": {}}
     props = (tool.parameters or {}).get("properties", {})
-    return {name: (spec.get("enum") or [samples.get(spec.get("type"), "value")])[0] for name, spec in props.items()}
+
+    def sample(spec: Any) -> Any:
+        if not isinstance(spec, dict):
+            return "value"
+        kind = spec.get("type")
+        if isinstance(kind, list):  # ["string", "null"]: a nullable field, as zod-made schemas write them
+            kind = next((k for k in kind if k != "null"), None)
+        return (spec.get("enum") or [samples.get(kind, "value") if isinstance(kind, str) else "value"])[0]
+
+    return {name: sample(spec) for name, spec in props.items()}
 
 
 def parse_action(text: str, *, structured: bool = False) -> Action:

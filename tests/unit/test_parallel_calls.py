@@ -369,3 +369,10 @@ def test_replay_diff_aligns_the_calls_and_says_which_were_made_together():
         '→ tools calculator {"expression":"1+1"} ∥ calculator {"expression":"2+2"}')
     d = diff_runs(side_by_side, one_by_one)
     assert d.changed_steps == [0, 2] and "call 1 of 2 → alone" in d.steps[1].notes
+
+
+def test_the_instructions_show_example_arguments_for_nullable_and_untyped_parameters():
+    tool = ToolInfo(name="lookup", description="Finds things.", parameters={"type": "object", "properties": {
+        "query": {"type": ["string", "null"]}, "limit": {"type": ["null", "integer"]}, "anything": {}}})
+    text = instructions([tool])  # a zod-made schema's nullable types ("type": [...]) once broke this
+    assert '"query": "text"' in text and '"limit": 1' in text and '"anything": "value"' in text
