@@ -7,6 +7,7 @@ quotas hold for beta only."""
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from agentstream.ops.acls import tenant_prefix, tenant_principal
@@ -95,3 +96,20 @@ async def test_a_tenant_quotas_hold_for_that_tenant_only(cells):
         for run_id in waiting:  # beta's runs in flight, for the other tests of the package
             await a.cancel(run_id, "test over")
             assert (await a.wait(run_id, timeout=60)).error_code == "cancelled"
+
+
+async def test_one_tenant_cannot_read_or_delete_another_tenants_session(cells):
+    session = "shared-name"
+    async with cells.client(ACME) as acme, cells.client(BETA) as beta, \
+            cells.client(BETA, "approver-beta") as beta_approver, cells.client(ACME, "approver-acme") as acme_approver:
+        run_id = await acme.submit("[[answer:kept]] remember me", tools=[], prefetch=False, session=session)
+        assert (await acme.wait(run_id, timeout=60)).ok
+        assert await beta.sessions.show(session) is None  # beta's login sees no other cell's session
+        assert await beta_approver.sessions.delete(session) is None  # beta's own cell has none by that name
+        async with connection(cells.stack.database_url_for("approver-beta")) as conn:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="another cell"):
+                await conn.fetchval("SELECT agentstream_delete_session($1, $2)", tenant_prefix(ACME), session)
+        details = await acme.sessions.show(session)
+        assert details is not None and [t["answer"] for t in details.row.turns] == ["kept"]  # untouched
+        assert await acme_approver.sessions.delete(session) == []  # its own cell's approver may
+        assert await acme.sessions.show(session) is not None and (await acme.sessions.show(session)).row.turns == []
