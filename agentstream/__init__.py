@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "RunStatus": "agentstream.streams.core.kinds",
     "StepKind": "agentstream.streams.core.kinds",
     "Settings": "agentstream.streams.config.settings",
+    # agent definitions (registered with `agentstream agent register`, run with submit(agent=...))
+    "Agent": "agentstream.streams.core.agents",
     # events, as they travel on the topics
     "Event": "agentstream.streams.core.events",
     "EVENT_TYPES": "agentstream.streams.core.events",
@@ -41,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "TokenChunk": "agentstream.streams.core.events",
     "RunCompleted": "agentstream.streams.core.events",
     "RunFailed": "agentstream.streams.core.events",
-    "new_run_id": "agentstream.streams.core.events",
+    "new_run_id": "agentstream.streams.core.ids",
     "Codec": "agentstream.streams.kafka.codec",
     "codec_for": "agentstream.streams.kafka.codec",
     # writing tools ([worker])
@@ -57,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "Unavailable": "agentstream.streams.core.errors",
     "MissingExtra": "agentstream.streams.core.errors",
     "TaskRejected": "agentstream.streams.core.errors",
+    "AgentRejected": "agentstream.streams.core.errors",
     "DecodeError": "agentstream.streams.core.errors",
     "UnknownSchema": "agentstream.streams.core.errors",
     "EventTooLarge": "agentstream.streams.core.errors",
@@ -74,7 +77,9 @@ _EXPORTS: dict[str, str] = {
 #: The public API, written out (type checkers and linters read it); a test checks it matches _EXPORTS.
 __all__ = [
     "EVENT_TYPES",
+    "Agent",
     "AgentClient",
+    "AgentRejected",
     "AgentStreamError",
     "BackendError",
     "ClaimMissing",
@@ -145,7 +150,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
     from agentstream.streams.client.outcomes import RunResult
     from agentstream.streams.client.views import RecordedEvent, RunDetails, StepDetails, TokenEvent
     from agentstream.streams.config.settings import Settings
+    from agentstream.streams.core.agents import Agent
     from agentstream.streams.core.errors import (
+        AgentRejected,
         AgentStreamError,
         BackendError,
         ClaimMissing,
@@ -174,8 +181,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; __getattr__ does the same 
         RunFailed,
         TaskSubmitted,
         TokenChunk,
-        new_run_id,
     )
+    from agentstream.streams.core.ids import new_run_id
     from agentstream.streams.core.kinds import RunStatus, StepKind
     from agentstream.streams.kafka.codec import Codec, codec_for
     from agentstream.testing import Pipeline

@@ -29,7 +29,7 @@ from agentstream.streams.catalog.tools import ToolCatalog, register
 from agentstream.streams.client.outcomes import OutcomeWatcher
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import ConfigError
-from agentstream.streams.core.events import default_instance
+from agentstream.streams.core.ids import default_instance
 from agentstream.streams.core.outages import DATABASE, wait_out
 from agentstream.streams.kafka.claims import ClaimStore
 from agentstream.streams.kafka.codec import codec_for
@@ -48,6 +48,8 @@ from agentstream.streams.telemetry.tracing import Tracing
 if TYPE_CHECKING:  # imported where used: each service loads only what it needs
     from agentstream.services.inference.service import InferenceService
     from agentstream.services.planner.service import Planner
+    from agentstream.services.tools.mcp.config import McpServer
+    from agentstream.services.tools.mcp.tools import McpTools
     from agentstream.services.tools.service import ToolService
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,8 @@ class WorkerOptions:
     tool_modules: Sequence[str] = ("agentstream.services.tools.builtin",)
     #: Which built-in tools to serve and their limits (http_get is off unless hosts are allowed).
     builtin: BuiltinConfig | None = None
+    #: MCP servers whose tools this worker serves too (the ``mcp`` extra; docs/mcp.md).
+    mcp_servers: Sequence[McpServer] = ()
     #: Overrides for every service's ServiceConfig (tests shorten session timeouts, for instance).
     service_overrides: dict[str, Any] = field(default_factory=dict)
     #: Serve /metrics, /healthz, /readyz on this port (0: any free one); None: as the settings say.
@@ -162,6 +166,8 @@ class Worker:
         self.writer: asyncpg.Pool | None = None
         #: ``sql_query``'s own pool (``tool_service``), when this worker serves it.
         self.query_pool: asyncpg.Pool | None = None
+        #: The sessions to the MCP servers (``tool_service``), open for the worker's life.
+        self.mcp: McpTools | None = None
         self.backend: Backend | None = None
         self.outcomes: OutcomeWatcher | None = None
         self.inference: InferenceService | None = None
@@ -266,6 +272,14 @@ class Worker:
 
         assert self.pool is not None, "start() connects the pool first"
         tools = tools_for(self.options.tool_modules, self.options.builtin)
+        if self.options.mcp_servers and self.mcp is None:
+            from agentstream.services.tools.mcp.tools import McpTools
+
+            self.mcp = await McpTools.open(self.options.mcp_servers)
+        if self.mcp is not None:
+            if clash := sorted({t.name for t in tools} & {t.name for t in self.mcp.tools}):
+                raise ConfigError(f"MCP tools named like this worker's other tools: {', '.join(clash)}")
+            tools = [*tools, *self.mcp.tools]
         if self.query_pool is None and any(t.name == "sql_query" for t in tools):
             config = (self.options.builtin or BuiltinConfig()).sql_query or SqlQueryConfig()
             url = self.settings.database_url
@@ -335,6 +349,7 @@ class Worker:
             log.info("%s: %s", runner.config.name, runner.stats)
         if self.planner is not None:
             await self.planner.tools.close()
+            await self.planner.agents.close()
             st = self.planner.store.stats
             if st["batches"]:
                 log.info("planner history: %d transitions in %d batches (%.1f per batch, %.1f ms per batch)",
@@ -342,6 +357,8 @@ class Worker:
                          1000 * st["flush_s"] / st["batches"])
         if self.outcomes is not None:
             await self.outcomes.stop()
+        if self.mcp is not None:
+            await self.mcp.close()
         await self.runtime.stop()
         if self.backend is not None:
             await self.backend.close()

@@ -2,7 +2,8 @@
 
 One module per group of commands: ``run`` (submit, cancel, status), ``approvals`` (approve, deny,
 approvals), ``ingest``, ``worker`` (worker, alerts, migrate), ``ops`` (top, acls), ``demo``, and the
-sub-commands ``dev``, ``replay``, ``dlq``, ``session``, ``contract`` and ``deploy``; ``common`` holds what they share.
+sub-commands ``dev``, ``replay``, ``dlq``, ``session``, ``agent``, ``contract``, ``deploy``, ``mcp`` and ``token``; ``common`` holds what they
+share.
 A command that runs a process decides who that process is (its ``Identity``: Kafka principal and
 database login) and loads its settings with it; nothing else does.
 """
@@ -15,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from agentstream.cli import (
+    agent,
     approvals,
     contract,
     demo,
@@ -22,10 +24,12 @@ from agentstream.cli import (
     dev,
     dlq,
     ingest,
+    mcp,
     ops,
     replay,
     run,
     session,
+    token,
     worker,
 )
 from agentstream.cli.common import err
@@ -42,8 +46,11 @@ app.add_typer(dev.app, name="dev")
 app.add_typer(replay.app, name="replay")
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(session.app, name="session")
+app.add_typer(agent.app, name="agent")
 app.add_typer(contract.app, name="contract")
 app.add_typer(deploy.app, name="deploy")
+app.add_typer(token.app, name="token")
+app.add_typer(mcp.app, name="mcp")
 
 
 def main() -> None:

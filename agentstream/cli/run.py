@@ -18,7 +18,8 @@ from agentstream.cli.common import console, err, short
 def submit(
     task: str = typer.Argument(..., help="What the agent should do."),
     tools: str = typer.Option(None, help="Comma-separated tools the run may call (default: all registered)."),
-    max_steps: int = typer.Option(8, help="Most steps (model, tool and retrieval) the run may take."),
+    max_steps: int = typer.Option(None, help="Most steps (model, tool and retrieval) the run may take (default 8; "
+                                             "with --agent, the agent's)."),
     deadline: float = typer.Option(None, help="Seconds from now after which the run fails."),
     wait: bool = typer.Option(False, "--wait", help="Wait for the outcome and print it."),
     follow: bool = typer.Option(False, "--follow", help="Print the model's tokens as they are generated."),
@@ -38,6 +39,9 @@ def submit(
     tool_calling: str = typer.Option(None, "--tool-calling", metavar="native|json",
                                      help="How the model calls tools: json actions, or the engine's native tool "
                                           "calling (default: AGENTSTREAM_TOOL_CALLING, json)."),
+    agent: str = typer.Option(None, "--agent", metavar="NAME[@VERSION]",
+                              help="Run a registered agent (`agentstream agent list`): its tools, prompt, settings "
+                                   "and limits; the task adds its text, deadline and session."),
 ) -> None:
     """Publish a task to agent.tasks (refused with a clear message if it is invalid)."""
     import asyncio
@@ -51,7 +55,7 @@ def submit(
             run_id = await client.submit(task, tools=tools.split(",") if tools else None, max_steps=max_steps,
                                          deadline=deadline, output_schema=schema, max_tokens=max_tokens,
                                          temperature=temperature, top_p=top_p, stop=stop or None, seed=seed,
-                                         session=session, tool_calling=tool_calling)
+                                         session=session, tool_calling=tool_calling, agent=agent)
             if follow:
                 console.print(f"run [bold]{run_id}[/bold]")
                 step = None

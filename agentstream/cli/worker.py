@@ -9,7 +9,8 @@ from agentstream.cli.common import console, run_async
 
 
 def worker(
-    service: str = typer.Argument(..., help="planner, inference, retrieval, tools, or all"),
+    service: str = typer.Argument(..., help="planner, inference, retrieval, tools, or all; or gateway (the "
+                                            "HTTP gateway, never part of all: docs/gateway.md)"),
     backend: str = typer.Option("scripted", help="Model backend: scripted, llamacpp, openai or trtllm."),
     slots: int = typer.Option(None, help="Generations the engine runs at once (the service's concurrency)."),
     model: str = typer.Option(None, help="Model: a name for openai, a path or HF id for trtllm/llamacpp."),
@@ -26,13 +27,29 @@ def worker(
                                                                     "default: AGENTSTREAM_HTTP_ALLOWED_HOSTS, else off)."),
     tools_module: list[str] = typer.Option(None, "--tools", help="Module(s) of @tool functions to serve "
                                                                   "(default: the built-ins)."),
+    mcp: list[str] = typer.Option(None, "--mcp", metavar="NAME=stdio:CMD|NAME=URL",
+                                  help="Serve an MCP server's tools as NAME__TOOL (repeatable; default: "
+                                       "AGENTSTREAM_MCP_SERVERS; docs/mcp.md)."),
+    mcp_approve: list[str] = typer.Option(None, "--mcp-approve", metavar="PATTERN",
+                                          help="MCP tools (e.g. 'files__*') whose calls a person approves."),
+    mcp_idempotent: list[str] = typer.Option(None, "--mcp-idempotent", metavar="PATTERN",
+                                             help="MCP tools that may run twice for one step (no claim; retried)."),
+    mcp_timeout: float = typer.Option(None, "--mcp-timeout", help="Seconds an MCP tool call may take (default: "
+                                                                  "AGENTSTREAM_MCP_TIMEOUT_S, else 30)."),
     log_level: str = typer.Option("INFO", help="Python log level."),
     metrics_port: int = typer.Option(None, help="Serve /metrics, /healthz, /readyz on this port (0: any free "
                                                 "port; default: AGENTSTREAM_METRICS_PORT, else off)."),
+    host: str = typer.Option(None, "--host", help="gateway: the address to listen on (default: "
+                                                  "AGENTSTREAM_GATEWAY_HOST, else 127.0.0.1)."),
+    port: int = typer.Option(None, "--port", help="gateway: the port (default: AGENTSTREAM_GATEWAY_PORT, else 8080)."),
 ) -> None:
     """Run one service (or all four) until interrupted."""
     import dataclasses
     import logging
+
+    if service == "gateway":  # a client of the pipeline, not a consumer service: never part of `all`
+        _gateway(host, port, log_level)
+        return
 
     from agentstream.services.tools.builtin import BuiltinConfig
     from agentstream.services.tools.http import HttpGetConfig
@@ -63,12 +80,46 @@ def worker(
     if http_allow:
         builtin = dataclasses.replace(builtin, http_get=HttpGetConfig.parse_hosts(http_allow))
     options = WorkerOptions(backend=backend, backend_options=backend_options, builtin=builtin,
+                            mcp_servers=_mcp_servers(mcp, mcp_approve, mcp_idempotent, mcp_timeout),
                             tool_modules=tuple(tools_module) if tools_module else ("agentstream.services.tools.builtin",),
                             metrics_port=metrics_port)
     check_services(names)
     # On a secure stack, each service is its own principal; all four together are the worker.
     settings = Settings.load(identity=Identity(principal="worker" if service == "all" else service))
     run_async(serve(names, options, settings))
+
+
+def _mcp_servers(specs: list[str] | None, approve: list[str] | None, idempotent: list[str] | None,
+                 timeout_s: float | None) -> list:
+    """The MCP servers of ``--mcp`` (else ``AGENTSTREAM_MCP_SERVERS``) with their rules; the ``mcp`` extra
+    is needed only when there are some."""
+    from agentstream.streams.config.env import tool_environment
+
+    environ = tool_environment()
+    if not specs and not environ.get("AGENTSTREAM_MCP_SERVERS", "").strip():
+        return []
+    from agentstream.services.tools.mcp.config import McpSettings
+
+    settings = McpSettings.from_env(environ).with_options(specs=specs, timeout_s=timeout_s,
+                                                          requires_approval=approve, idempotent=idempotent)
+    return settings.servers()
+
+
+def _gateway(host: str | None, port: int | None, log_level: str) -> None:
+    """``agentstream worker gateway``: the HTTP gateway (services/gateway/), on the secure stack as its own
+    principal (``gateway``)."""
+    import dataclasses
+    import logging
+
+    from agentstream.services.gateway.server import serve
+    from agentstream.services.gateway.settings import GatewaySettings
+    from agentstream.streams.config.identity import Identity
+    from agentstream.streams.config.settings import Settings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = GatewaySettings.load()
+    config = dataclasses.replace(config, host=host or config.host, port=config.port if port is None else port)
+    run_async(serve(Settings.load(identity=Identity(principal="gateway")), config))
 
 
 def alerts(

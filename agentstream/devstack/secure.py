@@ -35,7 +35,7 @@ _SERVICE_ROLES = ("agentstream_planner", "agentstream_tools", "agentstream_retri
 #: operator's approver.
 DATABASE_LOGINS: dict[str, tuple[str, ...]] = {
     "postgres": (), "client": ("agentstream_reader",), "operator-reader": ("agentstream_operator_reader",),
-    "approver": ("agentstream_approver",),
+    "approver": ("agentstream_approver",), "gateway": ("agentstream_gateway",),
     **{role.removeprefix("agentstream_"): (role,) for role in _SERVICE_ROLES}, "worker": _SERVICE_ROLES}
 SCRAM_ITERATIONS = 8192
 PROTOCOL = "SASL_PLAINTEXT"

@@ -12,6 +12,8 @@ The principals (user names), one per party:
 - ``planner``, ``inference``, ``tools``, ``retrieval``: the services; ``worker``: a process that runs
   all four (``agentstream worker all``, the demo), with the union of their rights;
 - ``client``: ``AgentClient`` and the CLI's submit, cancel, approve, wait and stream;
+- ``gateway``: the HTTP gateway (``agentstream worker gateway``): the client's rights in every cell it is
+  granted (it acts for each tenant through the tenant's own cell) and the step results its streams show;
 - ``alerts``: the alerting app (faust: its own group, changelog topics under its application id);
 - ``replay``: ``agentstream replay`` (everything under the ``replay.`` prefix, its sessions' own, and
   reading the recorded topics);
@@ -38,7 +40,7 @@ from agentstream.streams.kafka.topics import Topics
 
 SERVICES = ("planner", "inference", "tools", "retrieval")
 #: Every principal agentstream's own processes use; ``admin`` is the super user.
-PRINCIPALS = (*SERVICES, "worker", "client", "alerts", "replay", "operator")
+PRINCIPALS = (*SERVICES, "worker", "client", "gateway", "alerts", "replay", "operator")
 ADMIN = "admin"
 #: Parties of the contract that run as another principal: producers in other languages write as clients,
 #: ``agentstream dlq`` is the operator.
@@ -102,6 +104,8 @@ def acl_bindings(topics: Topics, *, client: str = "client") -> list[AclBinding]:
 
     def allow(who: str, operation: Operation, name: str, resource: Resource = Resource.TOPIC,
               pattern: Pattern = Pattern.LITERAL) -> None:
+        if who == "client":  # the gateway submits and follows runs in each cell as that cell's client would
+            out.add(AclBinding("gateway", resource, name, operation, pattern))
         who = client if who == "client" else who
         out.add(AclBinding(who, resource, name, operation, pattern))
         if who in SERVICES:  # `worker all` is every service at once
@@ -120,6 +124,8 @@ def acl_bindings(topics: Topics, *, client: str = "client") -> list[AclBinding]:
         if spec.redrivable:
             allow("operator", Operation.WRITE, name)
     allow("client", Operation.READ, topics.runs)  # "the latest state of every run, for anyone to read"
+    for results in (topics.inference_results, topics.tool_results, topics.retrieval_results):
+        allow("gateway", Operation.READ, results)  # a run's steps, in its SSE stream (services/gateway/hub.py)
     for service in GROUPED:
         allow(service, Operation.READ, topics.group(service), Resource.GROUP)
     for who in PRINCIPALS:

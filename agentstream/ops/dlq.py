@@ -40,7 +40,8 @@ from agentstream.ops.dlq_letters import (
 from agentstream.ops.dlq_redrives import RedriveLog, already
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import DeadLetterError, DecodeError
-from agentstream.streams.core.events import DeadLetter, Event, default_instance
+from agentstream.streams.core.events import DeadLetter, Event
+from agentstream.streams.core.ids import default_instance
 from agentstream.streams.kafka.codec import Codec, codec_for
 from agentstream.streams.kafka.topics import Topics
 

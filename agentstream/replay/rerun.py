@@ -39,7 +39,8 @@ from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.client.outcomes import RunResult
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.core.errors import ReplayError
-from agentstream.streams.core.events import TaskSubmitted, new_run_id
+from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.topic_admin import ensure_topics
 from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.replay import timeline

@@ -29,14 +29,8 @@ import asyncpg
 from agentstream.services.tools.registry import Retrieve, Tool, ToolContext
 from agentstream.services.tools.service import ToolService
 from agentstream.streams.core.errors import ToolError
-from agentstream.streams.core.events import (
-    Passage,
-    RetrievalCompleted,
-    ToolCallCompleted,
-    ToolCallRequested,
-    new_run_id,
-    step_id,
-)
+from agentstream.streams.core.events import Passage, RetrievalCompleted, ToolCallCompleted, ToolCallRequested
+from agentstream.streams.core.ids import new_run_id, step_id
 from agentstream.testing.broker import Handled, InMemoryBroker
 from agentstream.testing.database import InMemoryDatabase
 

@@ -24,7 +24,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.core.errors import DecodeError
-from agentstream.streams.core.events import RunCompleted, RunFailed, TaskSubmitted, new_run_id
+from agentstream.streams.core.events import RunCompleted, RunFailed, TaskSubmitted
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.runtime.headers import SESSION_HEADER
 from agentstream.streams.telemetry import trace_context as tracing

@@ -38,7 +38,8 @@ from agentstream.devstack.private import PrivateStack
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.kafka_auth import kafka_options
 from agentstream.streams.core.errors import TaskRejected
-from agentstream.streams.core.events import DeadLetter, TaskSubmitted, new_run_id
+from agentstream.streams.core.events import DeadLetter, TaskSubmitted
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.registry import LocalRegistry
 from agentstream.streams.kafka.schema_log import encode_schema
 from agentstream.streams.kafka.topics import Topics

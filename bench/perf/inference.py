@@ -44,13 +44,8 @@ from agentstream.devstack.stack import DevStack
 from agentstream.services.inference.backends.base import ChatMessage, Delta, Final, GenerationRequest
 from agentstream.services.inference.backends.llamacpp import LlamaCppBackend
 from agentstream.streams.config.settings import Settings
-from agentstream.streams.core.events import (
-    InferenceCompleted,
-    InferenceRequested,
-    Message,
-    TokenChunk,
-    step_id,
-)
+from agentstream.streams.core.events import InferenceCompleted, InferenceRequested, Message, TokenChunk
+from agentstream.streams.core.ids import step_id
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.kafka.topic_admin import ensure_topics
 from agentstream.streams.kafka.topics import Topics

@@ -3,9 +3,10 @@ limit a pipeline's runs (``Settings.quotas``: a tenant's cell).
 
 A task is refused (``invalid_task``) when it breaks the rules ``submit`` applies (streams/core/task_rules.py:
 the same rules guard against tasks published by other means) or names tools the catalogue does not know,
-and when its run id is taken by another pipeline's run. A task over a quota fails with ``quota_exceeded``;
-so does a run whose tokens pass ``tokens_per_run``. A refused task is still recorded and answered with a
-``RunFailed``: its producer is waiting for an outcome.
+when it names an agent (or version) the agent catalogue does not know (services/planner/agents.py: a task
+naming a known one runs with the definition's fields), and when its run id is taken by another pipeline's
+run. A task over a quota fails with ``quota_exceeded``; so does a run whose tokens pass ``tokens_per_run``.
+A refused task is still recorded and answered with a ``RunFailed``: its producer is waiting for an outcome.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from agentstream.services.planner import machine
+from agentstream.services.planner import agents, machine
 from agentstream.services.planner.state import TERMINAL, RunState
+from agentstream.streams.catalog.agents import AgentCatalog
 from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.core import task_rules, tool_calling
 from agentstream.streams.core.events import TaskSubmitted
@@ -24,12 +26,15 @@ from agentstream.streams.telemetry import stages
 
 
 class Admission:
-    """Decides a task's first state; ``max_run``: how long any run may last after it started."""
+    """Decides a task's first state; ``max_run``: how long any run may last after it started. ``agents``: the
+    agent catalogue (default: the runtime's ``agent.agents``, read only when a task names an agent)."""
 
-    def __init__(self, runtime: Runtime, store: TransitionStore, tools: ToolCatalog, max_run: timedelta) -> None:
+    def __init__(self, runtime: Runtime, store: TransitionStore, tools: ToolCatalog, max_run: timedelta, *,
+                 agents: AgentCatalog | None = None) -> None:
         self.runtime = runtime
         self.store = store
         self.tools = tools
+        self.agents = agents or AgentCatalog.for_runtime(runtime)
         self.max_run = max_run
 
     async def start(self, task: TaskSubmitted, now: datetime, *, queued: bool = False) -> RunState:
@@ -37,7 +42,8 @@ class Admission:
         ``deadline_exceeded`` for a deadline already past). ``queued``: a turn of a session, which waits
         for its turn instead of asking the model (services/planner/sessions.py)."""
         checking = time.perf_counter()
-        problem = await self.task_problem(task, now)
+        task, agent, problem = await agents.admit(task, self.agents, now)  # a named agent: its definition's fields
+        problem = problem or await self.task_problem(task, now)
         tools = await self.tools.describe(task.tools) if problem is None else []
         if (clock := stages.clock()) is not None:
             clock.since("planner.task_checks", checking)
@@ -45,6 +51,8 @@ class Admission:
                               max_parallel_calls=self.runtime.settings.max_parallel_tool_calls,
                               generation=self.runtime.settings.generation, queued=queued,
                               tool_calling=self.runtime.settings.tool_calling)
+        if agent is not None:  # the exact definition the run uses, and where its retrievals search
+            state = state.changed(agent=agent.ref, collection=agent.collection)
         over = await self.over_quota(task) if problem is None else None
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)

@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, PendingCall, RunState, ToolBatch
 from agentstream.streams.core.actions import CallRequest
-from agentstream.streams.core.events import Event, Message, ToolCallRequested, step_id
+from agentstream.streams.core.events import Event, Message, ToolCallRequested
+from agentstream.streams.core.ids import step_id
 from agentstream.streams.core.kinds import RunStatus
 from agentstream.streams.kafka.topics import Topics
 

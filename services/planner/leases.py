@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 
 from agentstream.services.planner.cache import RunCache
 from agentstream.services.planner.state import RunState
-from agentstream.streams.core.events import default_instance
+from agentstream.streams.core.ids import default_instance
 from agentstream.streams.core.outages import wait_out
 from agentstream.streams.core.signals import Fenced
 from agentstream.streams.kafka.topics import Topics

@@ -47,8 +47,8 @@ from agentstream.streams.core.events import (
     TaskSubmitted,
     ToolCallCompleted,
     ToolCallRequested,
-    step_id,
 )
+from agentstream.streams.core.ids import step_id
 from agentstream.streams.core.kinds import PendingKind, RunStatus
 from agentstream.streams.core.structured import load_schema
 from agentstream.streams.core.tools import ToolInfo
@@ -445,7 +445,7 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: 
     if state.prefetch == "pending" and state.last_step_id is None and state.step_index == 1:
         # Only the run's first state asks for the prefetch, so republishing later states never repeats it.
         out.append((topics.retrieval_requests, RetrievalRequested.build(
-            step=prefetch_step(state.run_id), query=state.task[:1000], k=RETRIEVAL_K, **common)))
+            step=prefetch_step(state.run_id), query=state.task[:1000], k=RETRIEVAL_K, collection=state.collection or "default", **common)))
     if state.status == RUNNING and state.pending_step_id and not state.waits_for_prefetch:
         step = state.pending_step_id
         request = state.pending_request
@@ -470,7 +470,7 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: 
         else:
             assert isinstance(request, RetrievalRequest), request
             out.append((topics.retrieval_requests, RetrievalRequested.build(
-                step=step, query=request.query, k=request.k, **common)))
+                step=step, query=request.query, k=request.k, collection=state.collection or "default", **common)))
     elif state.status == COMPLETED:
         out.append((topics.outcomes, RunCompleted.build(
             step=f"{state.run_id}:outcome", answer=state.answer or "", steps=state.step_index,

@@ -30,8 +30,8 @@ from agentstream.streams.core.events import (
     SessionUpdated,
     ToolCallCompleted,
     ToolCallRequested,
-    event_id_for,
 )
+from agentstream.streams.core.ids import event_id_for
 from agentstream.streams.core.kinds import PendingKind
 from agentstream.streams.kafka.topics import Topics
 from agentstream.streams.runtime.headers import SOURCE_HEADER

@@ -39,6 +39,7 @@ from agentstream.services.planner.sessions import Sessions
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import RunState
 from agentstream.services.planner.sweeper import Sweeper
+from agentstream.streams.catalog.agents import AgentCatalog
 from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.core.errors import TransitionRejected, VersionConflict
 from agentstream.streams.core.events import (
@@ -66,13 +67,15 @@ DEFAULT_MAX_RUN_S = 3600.0
 
 
 class Planner:
-    """``cache_size``: active runs kept in memory; ``finished_cache_size``: finished ones (services/planner/cache.py).
+    """``agents``: the agent catalogue (default: the runtime's ``agent.agents``, read when a task names an agent).
+    ``cache_size``: active runs kept in memory; ``finished_cache_size``: finished ones (services/planner/cache.py).
     ``step_timeout_s``: a run whose pending step shows no progress for this long is re-driven.
     ``max_run_s``: no run lasts longer than this after it started, deadline or not.
     ``sweep_interval_s``: how often PostgreSQL is searched for stalled runs."""
 
     def __init__(self, runtime: Runtime, store: TransitionStore, tools: ToolCatalog, *,
-                 cache_size: int = 100_000, finished_cache_size: int = FINISHED_SIZE, deadline_tick_s: float = 0.25,
+                 agents: AgentCatalog | None = None, cache_size: int = 100_000,
+                 finished_cache_size: int = FINISHED_SIZE, deadline_tick_s: float = 0.25,
                  step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, max_run_s: float = DEFAULT_MAX_RUN_S,
                  sweep_interval_s: float | None = None) -> None:
         self.runtime = runtime
@@ -82,7 +85,8 @@ class Planner:
         self.cache = RunCache(cache_size, finished_size=finished_cache_size)
         self.snapshots = SnapshotPacer(runtime.settings.snapshot_interval_ms / 1000)
         self.step_timeout_s = step_timeout_s
-        self.admission = Admission(runtime, store, tools, timedelta(seconds=max_run_s))
+        self.admission = Admission(runtime, store, tools, timedelta(seconds=max_run_s), agents=agents)
+        self.agents = self.admission.agents  # where a task's ``agent`` resolves (closed with the worker)
         self.runner: ServiceRunner | None = None
         self.stats = {"redriven": 0, "expired": 0, "rechecked": 0, "fenced": 0, "rejected": 0}
         #: Turns of sessions: admitted in order, one at a time per session (services/planner/sessions.py).

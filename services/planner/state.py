@@ -321,6 +321,10 @@ class RunState:
     #: the run fails with ``invalid_output`` (``GenerationSettings.output_retries`` when it started).
     output_failures: int = 0
     output_retries: int = 2
+    #: The agent definition the run uses, ``name@version`` (its task named an agent: services/planner/agents.py),
+    #: and the retrieval collection its retrievals search (None: ``default``).
+    agent: str | None = None
+    collection: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -397,6 +401,7 @@ class RunState:
             parse_failures=self.parse_failures, prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens, version=self.version,
             submitted_at=self.submitted_at, updated_at=self.updated_at, traceparent=self.traceparent,
+            agent=self.agent,
         )
 
 
@@ -410,5 +415,5 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "sampling": Sampling().to_dict(), "output_schema": None, "output": None, "output_failures": 0,
     "output_retries": 2,
     "session": None, "session_epoch": 0, "session_seq": 0, "session_turns": [], "session_dropped": 0,
-    "max_parallel_calls": 1, "tool_calling": "json", "native_tools": None,
+    "max_parallel_calls": 1, "tool_calling": "json", "native_tools": None, "agent": None, "collection": None,
 }

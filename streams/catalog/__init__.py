@@ -1,1 +1,2 @@
-"""Compacted catalogues that processes publish and read on start: the tools the workers serve."""
+"""Compacted catalogues that processes publish and read whole: the tools the workers serve (``tools.py``)
+and the agent definitions registered (``agents.py``), over one reader (``reader.py``)."""

@@ -40,20 +40,15 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
-
-from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
-from agentstream.streams.config.masking import mask_url
-from agentstream.streams.core.errors import DecodeError, ToolCatalogUnavailable
+from agentstream.streams.catalog.reader import CompactedCatalog
+from agentstream.streams.config.kafka_auth import KafkaAuth
+from agentstream.streams.core.errors import ToolCatalogUnavailable
 from agentstream.streams.core.events import ToolRegistered
-from agentstream.streams.core.outages import KAFKA
 from agentstream.streams.core.tools import ToolInfo
 from agentstream.streams.kafka.codec import Codec
 
@@ -187,35 +182,27 @@ def _info(event: ToolRegistered) -> ToolInfo | None:
     return ToolInfo(event.name, event.description, parameters, event.requires_approval, event.version)
 
 
-class ToolCatalog:
+class ToolCatalog(CompactedCatalog[ToolRegistered]):
     """A view of ``agent.tools`` (refreshed every ``ttl_s``, or at once on an unknown name).
 
     One consumer without a group, assigned to the topic's only partition: the first refresh reads it
     from the beginning up to its end offset, later ones read only what was published since. Every read
     is bounded by ``timeout_s`` and raises ``ToolCatalogUnavailable`` past it. Concurrent callers share
-    one read: a refresh asked for while another was running waits for the next one, not for a third.
+    one read: a refresh asked for while another was running waits for the next one, not for a third
+    (streams/catalog/reader.py).
     """
+
+    event_type = ToolRegistered
+    label = "tool catalogue"
+    creators = "tool workers and `agentstream dev up` create it"
 
     def __init__(self, bootstrap: str, topic: str, codec: Codec, *, ttl_s: float = 5.0,
                  timeout_s: float = 10.0, auth: KafkaAuth) -> None:
-        self.bootstrap = bootstrap
-        self.auth = auth
-        self.topic = topic
-        self.codec = codec
-        self.ttl_s = ttl_s
-        self.timeout_s = timeout_s
-        self._tp = TopicPartition(topic, 0)
-        self._consumer: AIOKafkaConsumer | None = None
-        #: Every registration on the topic by record key (as compaction keeps them), with its offset.
-        self._records: dict[str, tuple[int, ToolRegistered]] = {}
-        #: Each tool's current registration (``current`` over ``_records`` in offset order).
+        super().__init__(bootstrap, topic, codec, ttl_s=ttl_s, timeout_s=timeout_s, auth=auth)
+        #: Each tool's current registration (``current`` over the records in offset order).
         self._events: dict[str, ToolRegistered] = {}
         self._reported: set[str] = set()  # refused registrations already logged (by event id)
         self._tools: dict[str, ToolInfo] = {}
-        self._loaded_at = -math.inf
-        self._read_started = -math.inf  # when the last successful read began
-        self._lock = asyncio.Lock()
-        self._waiting_for = ""
 
     @classmethod
     def for_runtime(cls, runtime: Runtime, **options: Any) -> ToolCatalog:
@@ -229,8 +216,7 @@ class ToolCatalog:
         return self._tools
 
     async def all(self) -> dict[str, ToolInfo]:
-        if time.monotonic() - self._loaded_at > self.ttl_s:
-            await self._refresh(asked_at=time.monotonic() - self.ttl_s)  # any read newer than the TTL will do
+        await self._maybe_refresh()  # any read newer than the TTL will do
         return self._tools
 
     async def unknown(self, names: list[str]) -> list[str]:
@@ -251,49 +237,9 @@ class ToolCatalog:
         await self.refresh()
         return list(self._events.values())
 
-    async def close(self) -> None:
-        """Stop the consumer (a later call opens a new one and reads the topic from the beginning)."""
-        async with self._lock:
-            await self._drop_consumer()
-
-    # -- reading -------------------------------------------------------------------------------
-    async def _refresh(self, *, asked_at: float) -> None:
-        """Read to the end, unless a read that began at or after ``asked_at`` has finished meanwhile."""
-        async with self._lock:
-            if self._read_started >= asked_at:
-                return
-            started = time.monotonic()
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    await self._read_to_end()
-            except (TimeoutError, KafkaError) as exc:
-                await self._drop_consumer()  # the next refresh starts over from the beginning
-                why = f"no answer within {self.timeout_s:g} s" if isinstance(exc, TimeoutError) else repr(exc)
-                unavailable = ToolCatalogUnavailable(
-                    f"cannot read the tool catalogue ({self.topic} on {mask_url(self.bootstrap)}) while waiting for "
-                    f"{self._waiting_for}: {why}")
-                # The broker's outage, whoever reads: a planner handling a task waits it out with the task's
-                # partition paused (a bounded retry would dead-letter the task while the broker restarts).
-                unavailable.dependency = KAFKA
-                raise unavailable from exc
-            self._read_started, self._loaded_at = started, time.monotonic()
-
-    async def _read_to_end(self) -> None:
-        fresh = self._consumer is None
-        if self._consumer is None:
-            self._consumer = await self._open()
-        consumer = self._consumer
-        self._waiting_for = "its end offset"
-        end = (await consumer.end_offsets([self._tp]))[self._tp]
-        records = {} if fresh else self._records  # from scratch: a compacted-away tombstone leaves nothing stale
-        self._waiting_for = f"its records up to offset {end}"
-        while await consumer.position(self._tp) < end:
-            batch = await consumer.getmany(self._tp, timeout_ms=200)
-            for record in batch.get(self._tp, []):
-                await self.codec.learn(record.value)  # a newer worker's registration: its schema's id
-                self._apply(records, record)
-        self._records = records
-        events, refused = current(e for _, e in sorted(records.values(), key=lambda r: r[0]))
+    # -- the reader's hooks (streams/catalog/reader.py) ----------------------------------------
+    def _fold(self, registrations: list[ToolRegistered]) -> None:
+        events, refused = current(registrations)
         for refusal in refused:
             if refusal.event.event_id not in self._reported:
                 self._reported.add(refusal.event.event_id)
@@ -301,50 +247,11 @@ class ToolCatalog:
         self._events = events
         self._tools = {name: info for name, e in events.items() if (info := _info(e)) is not None}
 
-    async def _open(self) -> AIOKafkaConsumer:
-        consumer = AIOKafkaConsumer(**kafka_options(self.bootstrap, self.auth), enable_auto_commit=False,
-                                    isolation_level="read_committed", auto_offset_reset="earliest",
-                                    fetch_max_wait_ms=100)
-        try:
-            self._waiting_for = "the broker"
-            await consumer.start()
-            await self._topic_created(consumer)
-            consumer.assign([self._tp])
-            await consumer.seek_to_beginning(self._tp)
-        except BaseException:
-            await consumer.stop()
-            raise
-        return consumer
+    def _key(self, event: ToolRegistered) -> str:
+        return record_key(event)
 
-    async def _topic_created(self, consumer: AIOKafkaConsumer) -> None:
-        """Return once the topic exists. Asked first because a consumer assigned to a topic that does not
-        exist only times out, and the error should say that no worker has created it yet."""
-        self._waiting_for = f"{self.topic} to exist (tool workers and `agentstream dev up` create it)"
-        while True:
-            if self.topic in await consumer.topics():
-                return
-            await asyncio.sleep(0.2)
-
-    def _apply(self, records: dict[str, tuple[int, ToolRegistered]], record: ConsumerRecord[bytes, bytes]) -> None:
-        """The latest record of a key wins, as compaction has it; a tombstone (no value) removes that key's
-        registration (a tool's registrations are removed by tombstoning each of their keys)."""
-        key = record.key.decode(errors="replace") if record.key is not None else None
-        if record.value is None:
-            if key is not None:
-                records.pop(key, None)
-            return
-        try:
-            event = self.codec.decode(record.value)
-        except DecodeError as exc:
-            log.warning("tool catalogue: %s offset %d skipped: %s", self.topic, record.offset, exc)
-            return
-        if isinstance(event, ToolRegistered):
-            records[key or record_key(event)] = (record.offset, event)
-
-    async def _drop_consumer(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await consumer.stop()
+    def _unavailable(self, message: str) -> ToolCatalogUnavailable:
+        return ToolCatalogUnavailable(message)
 
 
 async def copy_catalogue(source_topic: str, runtime: Runtime, *, timeout_s: float = 10.0) -> list[str]:

@@ -33,28 +33,26 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.client import task_fields
+from agentstream.streams.client.agents import AgentsClient
 from agentstream.streams.client.outcomes import OutcomeWatcher, RunResult, parse_output
 from agentstream.streams.client.sessions import SessionsClient
 from agentstream.streams.client.task_fields import deadline_of, session_run_problem
 from agentstream.streams.client.views import RecordedEvent, RunDetails, StepDetails, TokenEvent
 from agentstream.streams.config.settings import Settings
+from agentstream.streams.core import agents as agent_rules
 from agentstream.streams.core import task_rules
 from agentstream.streams.core import tool_calling as native_tool_calling
 from agentstream.streams.core.approvals import NOT_AWAITING_APPROVAL, Decision
 from agentstream.streams.core.errors import (
+    AgentRejected,
     DecodeError,
     NotAnApprover,
     NotAwaitingApproval,
     TaskRejected,
     Unavailable,
 )
-from agentstream.streams.core.events import (
-    ApprovalDecided,
-    RunCancelRequested,
-    TaskSubmitted,
-    TokenChunk,
-    new_run_id,
-)
+from agentstream.streams.core.events import ApprovalDecided, RunCancelRequested, TaskSubmitted, TokenChunk
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.core.kinds import TERMINAL_STATUSES
 from agentstream.streams.core.outages import DATABASE, outage_of
 from agentstream.streams.kafka.codec import codec_for
@@ -91,6 +89,8 @@ class AgentClient:
         self._submitted: dict[str, datetime] = {}
         #: The pipeline's conversations: list, show, delete (streams/client/sessions.py).
         self.sessions = SessionsClient(self)
+        #: The pipeline's agent definitions: register, list, show (streams/client/agents.py).
+        self.agents = AgentsClient(self)
 
     async def __aenter__(self) -> AgentClient:
         await self.start()
@@ -126,6 +126,7 @@ class AgentClient:
             await self._watcher.stop()
         if self._catalog is not None:
             await self._catalog.close()
+        await self.agents.close()
         await self.runtime.stop()
         if self._pool is not None:
             await self._pool.close()
@@ -138,17 +139,18 @@ class AgentClient:
         return self._pool
 
     # -- submit --------------------------------------------------------------------------------
-    async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int = 8,
+    async def submit(self, task: str, *, tools: list[str] | None = None, max_steps: int | None = None,
                      deadline: datetime | timedelta | float | None = None, model: str | None = None,
                      system_prompt: str | None = None, metadata: dict[str, str] | None = None,
                      prefetch: bool = True, on_tool_error: str = "tell_model", run_id: str | None = None,
                      output_schema: str | Mapping[str, Any] | None = None, max_tokens: int | None = None,
                      temperature: float | None = None, top_p: float | None = None,
                      stop: Sequence[str] | None = None, seed: int | None = None, session: str | None = None,
-                     tool_calling: str | None = None) -> str:
+                     tool_calling: str | None = None, agent: str | None = None) -> str:
         """Validate and publish a task; return its run id. Raises ``TaskRejected``.
 
-        ``tools``: the tools the run may call (default: every registered tool). ``deadline``: an absolute
+        ``tools``: the tools the run may call (default: every registered tool). ``max_steps``: the most steps
+        (default 8). ``deadline``: an absolute
         time, or a duration (timedelta or seconds) from now. ``prefetch``: start retrieval for the task
         text alongside the first model call. ``on_tool_error``: when a tool fails for good,
         ``tell_model`` (it decides) or ``fail_run``. ``run_id``: the run's id (default: a new one); a submit
@@ -168,8 +170,22 @@ class AgentClient:
 
         ``tool_calling``: ``native`` (the engine's own tool calling) or ``json`` (one JSON action per
         reply); None: the planner's default, ``AGENTSTREAM_TOOL_CALLING`` (``json``).
+
+        ``agent``: run a registered agent (``agentstream agent register``): ``name``, its latest version when
+        the planner admits the task, or ``name@version``. The run takes its tools, model, prompt, settings
+        and limits from the definition; the task adds its text, deadline, metadata and session (any other
+        field given is refused), and the run records the exact version (docs/agents.md). An unknown agent
+        or version is refused here, naming those that exist.
         """
         at = deadline_of(deadline)
+        if agent is not None:
+            max_steps = await self._agent_steps(agent, max_steps, tools=tools, model=model,
+                                                system_prompt=system_prompt, output_schema=output_schema,
+                                                max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                                stop=list(stop or ()), seed=seed, tool_calling=tool_calling,
+                                                prefetch=prefetch, on_tool_error=on_tool_error)
+            tools = []
+        max_steps = 8 if max_steps is None else max_steps
         tools = await self._check(task, tools, max_steps, at, model, system_prompt, metadata, on_tool_error,
                                   prefetch)
         schema_text = task_fields.schema_text(output_schema)
@@ -194,7 +210,8 @@ class AgentClient:
                                     system_prompt=system_prompt, metadata=dict(metadata or {}),
                                     prefetch=prefetch, on_tool_error=on_tool_error, output_schema=schema_text,
                                     max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                    stop=list(stop or ()), seed=seed, session=session, tool_calling=tool_calling)
+                                    stop=list(stop or ()), seed=seed, session=session, tool_calling=tool_calling,
+                                    agent=agent)
         headers = [(tracing.HEADER, tracing.new_traceparent().encode())]
         if session is not None:  # the planner then handles the session's turns strictly in their order
             headers.append((SESSION_HEADER, session.encode()))
@@ -202,6 +219,19 @@ class AgentClient:
         await future
         self._submitted[run_id] = event.created_at
         return run_id
+
+    async def _agent_steps(self, agent: str, max_steps: int | None, **fields: Any) -> int:
+        """The ``max_steps`` a task naming ``agent`` carries (the definition's: the planner uses that one),
+        once the reference resolves and the task sets nothing the definition decides; raises ``TaskRejected``."""
+        problem = agent_rules.ref_problem(agent) or agent_rules.task_override_problem(
+            agent, {**fields, "tools": fields["tools"] or []}, also=["max_steps"] if max_steps is not None else [])
+        if problem:
+            raise TaskRejected(problem)
+        try:
+            definition = await self.agents.show(agent)
+        except AgentRejected as exc:
+            raise TaskRejected(str(exc)) from None
+        return definition.max_steps
 
     async def _check(self, task: Any, tools: Any, max_steps: Any, deadline: datetime | None, model: Any,
                      system_prompt: Any, metadata: Any, on_tool_error: Any, prefetch: Any) -> list[str]:
@@ -312,6 +342,13 @@ class AgentClient:
                                            request_timeout_ms=self.settings.kafka_request_timeout_ms,
                                            auth=self.settings.kafka_auth)
             await self._watcher.start()
+
+    def forget(self, run_id: str) -> None:
+        """Stop following ``run_id``'s outcome for a ``wait`` to come (``submit`` follows every run it
+        publishes). For a long-lived client that submits for others and never waits (the HTTP gateway):
+        without it, each run it submitted would be remembered for as long as the client lives."""
+        self._futures.pop(run_id, None)
+        self._submitted.pop(run_id, None)
 
     def _future(self, run_id: str) -> asyncio.Future[RunResult]:
         if run_id not in self._futures:

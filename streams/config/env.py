@@ -127,9 +127,11 @@ def model_api_key() -> str | None:
 
 def tool_environment() -> dict[str, str]:
     """The ``AGENTSTREAM_HTTP_*`` / ``AGENTSTREAM_SQL_*`` / ``AGENTSTREAM_BUILTIN_TOOLS_VERSION`` variables
-    that configure the built-in tools (parsed by ``agentstream.services.tools.builtin.BuiltinConfig.from_env``)."""
+    that configure the built-in tools (parsed by ``agentstream.services.tools.builtin.BuiltinConfig.from_env``),
+    and the ``AGENTSTREAM_MCP_*`` ones of the MCP servers' tools (``...tools.mcp.config.McpSettings.from_env``)."""
     return {k: v for k, v in os.environ.items()
-            if k.startswith(("AGENTSTREAM_HTTP_", "AGENTSTREAM_SQL_")) or k == "AGENTSTREAM_BUILTIN_TOOLS_VERSION"}
+            if k.startswith(("AGENTSTREAM_HTTP_", "AGENTSTREAM_SQL_", "AGENTSTREAM_MCP_"))
+            or k == "AGENTSTREAM_BUILTIN_TOOLS_VERSION"}
 
 
 def embedding_files() -> tuple[str | None, str | None]:

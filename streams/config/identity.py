@@ -23,9 +23,9 @@ from agentstream.streams.config.kafka_auth import DEFAULT_MECHANISM, KafkaAuth
 from agentstream.streams.core.errors import ConfigError
 
 #: The principals with a database login of their own on the local secure stack: each service, ``worker``
-#: (all four) and the client. Any other (``admin``, ``operator``, ``alerts``, ``replay``) connects as the
-#: schema owner unless its identity names a login.
-OWN_LOGINS = ("client", "planner", "tools", "retrieval", "inference", "worker")
+#: (all four), the client and the HTTP gateway. Any other (``admin``, ``operator``, ``alerts``, ``replay``)
+#: connects as the schema owner unless its identity names a login.
+OWN_LOGINS = ("client", "planner", "tools", "retrieval", "inference", "worker", "gateway")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -122,6 +122,22 @@ class ToolCatalogUnavailable(AgentStreamError):
     dependency: str | None = None
 
 
+class AgentRejected(AgentStreamError):
+    """An agent definition is not valid, or the agent catalogue refused its registration (an unknown tool
+    or agent it names, a cycle of calls, a changed definition under a registered version, a lower
+    version); the message says why and names what exists (streams/core/agents.py,
+    streams/catalog/agents.py)."""
+
+
+class AgentCatalogUnavailable(AgentStreamError):
+    """The agent catalogue (``agent.agents``) could not be read in time. Retriable, as
+    ``ToolCatalogUnavailable``: it says nothing about the task or the definition, only about the broker."""
+
+    retriable = True
+    #: Kafka's outage (``outages.outage_of``): a planner handling a task waits it out.
+    dependency: str | None = None
+
+
 class ToolArgumentError(AgentStreamError):
     """The arguments do not match the tool's schema."""
 

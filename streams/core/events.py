@@ -12,21 +12,18 @@ replayed after a crash republishes the same events, and consumers can drop the c
   speculative retrieval ``"{run_id}:prefetch"``, a tool's own retrieval ``"{tool step}/retrieve"``,
   ``RunCompleted``/``RunFailed`` ``"{run_id}:outcome"``, a ``RunStateSnapshot``
   ``"{run_id}:snapshot:{version}"``, a ``DeadLetter`` ``"dlq:{topic}:{partition}:{offset}"`` (or
-  ``"dlq:{step}"`` from the tool service), a ``ToolRegistered`` ``"tools:{name}"``.
+  ``"dlq:{step}"`` from the tool service), a ``ToolRegistered`` ``"tools:{name}"``, an ``AgentRegistered``
+  ``"agents:{name}@{version}"``.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import socket
-import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar, Self
 
 from agentstream.streams.core.datums import from_dict, to_dict
+from agentstream.streams.core.ids import MAX_STEP_ID_CHARS, default_instance, event_id_for, utcnow
 from agentstream.streams.core.kinds import (
     AlertKind,
     DeadLetterKind,
@@ -37,45 +34,7 @@ from agentstream.streams.core.kinds import (
     Severity,
     ToolErrorKind,
 )
-from agentstream.streams.core.task_rules import MAX_RUN_ID_CHARS, event_id_problem, run_id_problem
-
-#: A step id is its run id and a suffix (``:12:model``, ``/retrieve``): bounded like the run id, with room.
-MAX_STEP_ID_CHARS = MAX_RUN_ID_CHARS + 100
-_EVENT_NS = uuid.UUID("6f1c2a3e-8c55-4d0e-9a43-5b7f0e2d9c11")
-_EVENT_NS_BYTES = _EVENT_NS.bytes
-
-
-def step_id(run_id: str, index: int, kind: str) -> str:
-    """The id of step ``index`` of ``run_id``; the same inputs always give the same id."""
-    return f"{run_id}:{index}:{kind}"
-
-
-def event_id_for(step: str, event_type: str, attempt: int = 0) -> str:
-    return uuid5_str(_EVENT_NS_BYTES, f"{step}|{event_type}|{attempt}")
-
-
-def uuid5_str(namespace: bytes, name: str) -> str:
-    """``str(uuid.uuid5(UUID(bytes=namespace), name))`` without the ``UUID`` object, whose construction
-    and formatting took three quarters of the 5 µs an id cost (every event built gets one)."""
-    digest = bytearray(hashlib.sha1(namespace + name.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def new_run_id() -> str:
-    """A new, random run id (``run-`` and 16 hex digits), as ``AgentClient.submit`` gives each task."""
-    return f"run-{uuid.uuid4().hex[:16]}"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-@functools.cache
-def default_instance() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+from agentstream.streams.core.task_rules import event_id_problem, run_id_problem
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +174,10 @@ class TaskSubmitted(Event):
     #: How the model calls tools: ``native`` (the engine's tool calling) or ``json`` (one JSON action per
     #: reply); None: the planner's default (``AGENTSTREAM_TOOL_CALLING``, ``json``).
     tool_calling: str | None = None
+    #: The registered agent the task runs: ``name`` (its latest version) or ``name@version``; the run takes
+    #: its tools, prompt, limits and settings from the definition (streams/core/agents.py: the task adds its
+    #: text, deadline, metadata and session). None: the task's own fields.
+    agent: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,6 +288,8 @@ class RunStateSnapshot(Event):
     submitted_at: datetime
     updated_at: datetime
     traceparent: str | None = None
+    #: The exact agent definition the run uses (``name@version``), when its task named one.
+    agent: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -452,6 +417,25 @@ class ToolRegistered(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AgentRegistered(Event):
+    """An agent definition registered on the compacted ``agent.agents`` (key: name, version and digest, so
+    compaction keeps every distinct registration and readers keep every version). It belongs to no run:
+    ``run_id`` is ``"agents"`` and ``step_id`` ``agents:{name}@{version}`` (streams/catalog/agents.py).
+    ``definition`` is the definition's JSON (streams/core/agents.py), ``digest`` its SHA-256 (16 hex digits)."""
+
+    schema_name: ClassVar[str] = _NS + "AgentRegistered"
+    name: str
+    version: int
+    description: str = ""
+    definition: str
+    digest: str
+    registered_by: str = ""
+
+    def problem(self) -> str | None:
+        return super().problem() or (None if self.name else "name is empty")
+
+
+@dataclass(frozen=True, kw_only=True)
 class SessionTurn:
     """One finished turn of a session, as ``SessionUpdated`` carries it: its run, the user's message, the
     model's final reply (what the next turn's model sees), the answer and its estimated tokens."""
@@ -486,5 +470,5 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (TaskSubmitted, InferenceRequested, InferenceCompleted, TokenChunk, RetrievalRequested,
                 RetrievalCompleted, ToolCallRequested, ToolCallCompleted, RunStateSnapshot, RunCancelRequested,
                 ApprovalDecided, RunCompleted, RunFailed, DeadLetter, AlertRaised, ClaimCheck, ToolRegistered,
-                SessionUpdated)
+                SessionUpdated, AgentRegistered)
 }

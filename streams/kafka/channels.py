@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentstream.streams.core.events import (
+    AgentRegistered,
     AlertRaised,
     ApprovalDecided,
     ClaimCheck,
@@ -124,6 +125,12 @@ CHANNELS: tuple[ChannelSpec, ...] = (
                 "version, and refuse a lower one or a conflicting one of the same version), read whole by submit, "
                 "the planner and the tool service (which refuses to register a downgrade).", key="`{name}@{version}:{metadata digest}` (records from before versions: the tool's "
                 "name), raw UTF-8", claim_checks=False, emitted=False),
+    ChannelSpec("agents", (AgentRegistered,), ("client",), ("client", "planner"),
+                "Agent definitions (compacted: every distinct registration; readers keep every version of each "
+                "agent and refuse a changed definition under a registered version or a new lower one), written "
+                "by `agentstream agent register`, read whole by submit and the planner to resolve a task's "
+                "`agent` (docs/agents.md).", key="`{name}@{version}:{digest}`, raw UTF-8", claim_checks=False,
+                emitted=False),
     ChannelSpec("schemas", (), ("planner", "inference", "tools", "retrieval", "alerts", "replay"),
                 ("client", "planner", "inference", "tools", "retrieval", "alerts", "replay", "dlq-cli"),
                 "The Avro schemas the services write with (compacted, one partition), without a schema registry: "

@@ -132,6 +132,12 @@ class Topics:
         return self._t("tools")
 
     @property
+    def agents(self) -> str:
+        """AgentRegistered events, key: ``{name}@{version}:{digest}`` (compacted: every distinct registration;
+        streams/catalog/agents.py)."""
+        return self._t("agents")
+
+    @property
     def schemas(self) -> str:
         """The Avro schemas processes write with, key: the schema id (compacted; streams/kafka/schema_log.py)."""
         return self._t("schemas")
@@ -209,6 +215,7 @@ class Topics:
         specs.append(TopicSpec(self.dlq, 1, rf, {**_retention(30), **isr}))
         specs.append(TopicSpec(self.alerts, 1, rf, {**_retention(30), **isr}))  # few, and in one order
         specs.append(TopicSpec(self.tools, 1, rf, {"cleanup.policy": "compact", **isr}))  # read whole, from the start
+        specs.append(TopicSpec(self.agents, 1, rf, {"cleanup.policy": "compact", **isr}))  # likewise
         # Read whole, likewise; a record holds one schema, which readers refuse over MAX_SCHEMA_BYTES anyway.
         specs.append(TopicSpec(self.schemas, 1, rf, {"cleanup.policy": "compact",
                                                      "max.message.bytes": str(2 * MAX_SCHEMA_BYTES), **isr}))

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 
-from agentstream.streams.core.events import DeadLetter, Event, utcnow
+from agentstream.streams.core.events import DeadLetter, Event
+from agentstream.streams.core.ids import utcnow
 from agentstream.streams.core.outages import KAFKA, backoff, outage_of
 from agentstream.streams.kafka.codec import Codec
 

@@ -39,7 +39,8 @@ import asyncpg
 import orjson
 
 from agentstream.streams.core.errors import TransitionRejected, VersionConflict
-from agentstream.streams.core.events import Event, InferenceRequested, uuid5_str
+from agentstream.streams.core.events import Event, InferenceRequested
+from agentstream.streams.core.ids import uuid5_str
 from agentstream.streams.core.kinds import RunStatus, StepOutcome
 from agentstream.streams.core.outages import outage_of
 from agentstream.streams.core.signals import Fenced

@@ -17,7 +17,8 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.core.errors import TaskRejected, TransitionRejected
-from agentstream.streams.core.events import ClaimCheck, TaskSubmitted, ToolCallCompleted, new_run_id
+from agentstream.streams.core.events import ClaimCheck, TaskSubmitted, ToolCallCompleted
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.store.history import RunRow, Transition, TransitionStore, event_uuid
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events

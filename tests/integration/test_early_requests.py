@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.core.events import InferenceCompleted, new_run_id, step_id
+from agentstream.streams.core.events import InferenceCompleted
+from agentstream.streams.core.ids import new_run_id, step_id
 from agentstream.testing import Pipeline, isolated
 
 pytestmark = pytest.mark.asyncio

@@ -20,7 +20,8 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agentstream.services.worker import WorkerOptions
-from agentstream.streams.core.events import DeadLetter, ToolCallCompleted, ToolCallRequested, new_run_id
+from agentstream.streams.core.events import DeadLetter, ToolCallCompleted, ToolCallRequested
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.testing import Pipeline, end_offsets, isolated, read_events, wait_awaiting_approval
 from tests.integration import pipeline_tools

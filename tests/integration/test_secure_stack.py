@@ -37,7 +37,8 @@ from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.core.errors import NotAnApprover
-from agentstream.streams.core.events import ApprovalDecided, ToolCallRequested, new_run_id
+from agentstream.streams.core.events import ApprovalDecided, ToolCallRequested
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.codec import codec_for
 from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import wait_awaiting_approval

@@ -22,8 +22,8 @@ from agentstream.streams.core.events import (
     Passage,
     RetrievalCompleted,
     TaskSubmitted,
-    step_id,
 )
+from agentstream.streams.core.ids import step_id
 from agentstream.streams.kafka.codec import Codec
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 

@@ -13,14 +13,8 @@ import pytest
 from agentstream.services.planner import machine
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import RunState
-from agentstream.streams.core.events import (
-    _EVENT_NS,
-    InferenceRequested,
-    Message,
-    TaskSubmitted,
-    event_id_for,
-    uuid5_str,
-)
+from agentstream.streams.core.events import InferenceRequested, Message, TaskSubmitted
+from agentstream.streams.core.ids import _EVENT_NS, event_id_for, uuid5_str
 from agentstream.streams.core.tools import ToolInfo
 from agentstream.streams.store.history import event_uuid
 

@@ -14,7 +14,7 @@ import agentstream
 from agentstream.streams.core.errors import AgentStreamError
 
 PINNED = [
-    "AgentClient", "AgentStreamError", "BackendError", "ClaimMissing", "Codec", "ConfigError", "DeadLetterError",
+    "Agent", "AgentClient", "AgentRejected", "AgentStreamError", "BackendError", "ClaimMissing", "Codec", "ConfigError", "DeadLetterError",
     "DecodeError", "EVENT_TYPES", "Event", "EventTooLarge", "Message", "MigrationError", "MissingExtra",
     "Pipeline", "RecordedEvent", "ReplayError", "RunCompleted", "RunDetails", "RunFailed", "RunResult",
     "RunStatus", "Settings", "StackError", "StepDetails", "StepKind",
@@ -43,8 +43,8 @@ def test_every_name_resolves_to_its_module() -> None:
 def test_every_public_error_has_the_one_root() -> None:
     errors = [getattr(agentstream, n) for n in agentstream.__all__ if n.endswith("Error") or n in {
         "TaskRejected", "Unavailable", "EventTooLarge", "ClaimMissing", "UnknownSchema", "TopicsMissing",
-        "TopicMismatch", "ToolCatalogUnavailable", "MissingExtra"}]
-    assert len(errors) == 19
+        "TopicMismatch", "ToolCatalogUnavailable", "MissingExtra", "AgentRejected"}]
+    assert len(errors) == 20
     for error in errors:
         assert issubclass(error, AgentStreamError), error
 

@@ -31,8 +31,8 @@ from agentstream.streams.core.events import (
     RetrievalRequested,
     ToolCallCompleted,
     ToolCallRequested,
-    step_id,
 )
+from agentstream.streams.core.ids import step_id
 from agentstream.testing import InMemoryBroker
 
 ORIGINAL = "run-original"

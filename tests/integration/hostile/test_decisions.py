@@ -22,7 +22,7 @@ import pytest
 
 from agentstream.ops.acls import tenant_principal
 from agentstream.streams.core.errors import NotAwaitingApproval
-from agentstream.streams.core.events import step_id
+from agentstream.streams.core.ids import step_id
 from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import wait_awaiting_approval
 from tests.integration.acl_probes import connection

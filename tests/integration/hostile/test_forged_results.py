@@ -22,7 +22,8 @@ import pytest
 
 from agentstream.ops.acls import tenant_principal
 from agentstream.streams.client.agent_client import AgentClient
-from agentstream.streams.core.events import InferenceCompleted, TaskSubmitted, new_run_id
+from agentstream.streams.core.events import InferenceCompleted, TaskSubmitted
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.codec import codec_for
 from tests.integration.acl_probes import send
 from tests.integration.hostile.conftest import ACME, BETA, PLANNERS, Cells

@@ -21,7 +21,8 @@ import fastavro
 import pytest
 
 from agentstream.ops.acls import tenant_principal
-from agentstream.streams.core.events import TaskSubmitted, new_run_id
+from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.core.ids import new_run_id
 from agentstream.streams.kafka.registry import LocalRegistry, schema_id
 from tests.integration.acl_probes import can_write, producer, send
 from tests.integration.hostile.conftest import ACME, PLANNERS, Cells

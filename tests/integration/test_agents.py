@@ -1,0 +1,84 @@
+"""Named, versioned agents end to end (issue 34, part 1) on the real broker and database, with the scripted
+model: definitions registered on ``agent.agents``, a task naming ``support`` (the latest) and one naming
+``support@1`` run with those definitions (the system prompt reaches the model's request, the tools are the
+definition's) and record the exact version; an unknown agent is refused with the names that exist, by the
+client and, for a task published around it, by the planner."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import pytest_asyncio
+from aiokafka import TopicPartition
+
+from agentstream import Agent, AgentRejected, TaskRejected
+from agentstream.services.worker import WorkerOptions
+from agentstream.streams.core.events import InferenceRequested, TaskSubmitted
+from agentstream.testing import Pipeline, end_offsets, isolated, read_events
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+V1 = Agent(name="support", system_prompt="You are Support, first edition.", tools=["calculator"], max_steps=4)
+V2 = Agent(name="support", version=2, system_prompt="You are Support, second edition.", tools=["calculator"],
+           max_steps=6, calls=["research"], handoffs=["research"])
+RESEARCH = Agent(name="research", description="Looks things up.", prefetch=False)
+TOOL_TASK = '[[tool:calculator {"expression": "6 * 7"}]]'
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pipe(settings):
+    async with Pipeline.start(isolated(settings, f"t{uuid.uuid4().hex[:8]}."), WorkerOptions(backend="scripted")) as p:
+        yield p
+
+
+async def _model_requests(pipe: Pipeline, run_id: str) -> list[InferenceRequested]:
+    """The run's model requests as they went out on agent.inference.requests."""
+    tp = TopicPartition(pipe.client.topics.inference_requests, pipe.client.topics.partition_for(run_id))
+    end = (await end_offsets(pipe.settings, [tp]))[tp]
+    events = await read_events(pipe.settings, tp, 0, expect=end)
+    return [e for e in events if isinstance(e, InferenceRequested) and e.run_id == run_id]
+
+
+async def _state(pipe: Pipeline, run_id: str) -> dict:
+    return json.loads(await (await pipe.client.pool()).fetchval("SELECT state FROM runs WHERE run_id = $1", run_id))
+
+
+async def test_registered_agents_run_with_their_definition_and_record_the_version(pipe):
+    registered = await pipe.client.agents.register(V1, RESEARCH, V2)  # research first: support@2 calls it
+    assert sorted((a.ref, j) for a, j in registered) == [("research@1", "new"), ("support@1", "new"),
+                                                        ("support@2", "newer")]
+    assert {n: sorted(v) for n, v in (await pipe.client.agents.list()).items()} == {"research": [1], "support": [1, 2]}
+
+    latest = await pipe.client.submit(TOOL_TASK, agent="support")
+    pinned = await pipe.client.submit(TOOL_TASK, agent="support@1", metadata={"ticket": "7"})
+    for run_id, ref, prompt, steps in ((latest, "support@2", "second edition", 6), (pinned, "support@1", "first edition", 4)):
+        result = await pipe.client.wait(run_id, timeout=30)
+        assert result.ok and result.answer == "Based on the last step: calculator returned: 42", result
+        state = await _state(pipe, run_id)
+        assert (state["agent"], state["tools"], state["max_steps"]) == (ref, ["calculator"], steps)
+        requests = await _model_requests(pipe, run_id)
+        assert requests and all(prompt in r.messages[0].content for r in requests)  # what the model was sent
+        assert [e["event_type"] for e in await pipe.client.events(run_id)].count("ToolCallRequested") == 1
+
+    # The same definitions again: nothing new; a changed one under a registered version: refused.
+    assert {j for _, j in await pipe.client.agents.register(V1, V2)} == {"same"}
+    with pytest.raises(AgentRejected, match="already registered"):
+        await pipe.client.agents.register(Agent(name="support", version=2, system_prompt="Changed."))
+
+
+async def test_an_unknown_agent_is_refused_with_the_names_that_exist(pipe):
+    await pipe.client.agents.register(V1, RESEARCH, V2)
+    with pytest.raises(TaskRejected, match="unknown agent 'ghost'; registered agents: research, support"):
+        await pipe.client.submit("Hello", agent="ghost")
+    with pytest.raises(TaskRejected, match="agent 'support' has no version 5; its versions: 1, 2"):
+        await pipe.client.submit("Hello", agent="support@5")
+    # Published around the client's check (another producer): the planner refuses it the same way.
+    run_id = f"run-{uuid.uuid4().hex[:16]}"
+    task = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="foreign", task="Hello", max_steps=8,
+                               agent="ghost")
+    await pipe.client.watch_outcomes()
+    await (await pipe.client.runtime.send(pipe.client.topics.tasks, task))
+    result = await pipe.client.wait(run_id, timeout=30)
+    assert result.error_code == "invalid_task" and "registered agents: research, support" in (result.error or "")
