@@ -34,6 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.services.replay.responder import LiveHandlers, Recording, Responder, parse_step
 from agentstream.services.worker import SERVICES, Worker, WorkerOptions, make_backend
+from agentstream.streams.catalog.agents import copy_agents
 from agentstream.streams.catalog.tools import copy_catalogue
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.client.outcomes import RunResult
@@ -224,6 +225,12 @@ class ReplaySession:
         session = orig.task.get("session")  # a turn of a session: its run id on the session's partition
         run_id = Topics.of(self.settings).run_id_for_session(session) if session else new_run_id()
         event = self._task_event(run_id, orig, overrides or Overrides())
+        agent = await pool.fetchval("SELECT state->>'agent' FROM runs WHERE run_id = $1", original)
+        if agent is not None:  # the exact definition the original ran (a later version must not change it)
+            if overrides is not None and overrides != Overrides():
+                raise ReplayError(f"run {original} ran agent {agent}: its model, prompt and tools are the "
+                                  "definition's; register a new version to try others")
+            event = replace(event, agent=agent)
         if self.responder is not None:
             self.responder.expect(event.run_id, recording, live_from=from_step)
         headers = [(tracing.HEADER, tracing.new_traceparent().encode())]
@@ -235,14 +242,16 @@ class ReplaySession:
     async def _copy_tools(self, original: str) -> None:
         """Recorded and fork sessions serve no tools of their own, and their topics (``agent.tools``
         among them) have a prefix of their own: their planner checks the replayed task's tool names
-        against a copy of the catalogue of the pipeline that ran the original (made once per pipeline)."""
+        against a copy of the catalogue of the pipeline that ran the original (made once per pipeline).
+        Every session, live too, gets a copy of its agent catalogue: a run that named an agent replays
+        with the exact definition it ran."""
         assert self.worker is not None and self.worker.pool is not None
-        if self.mode == "live":
-            return
         prefix = await self.worker.pool.fetchval(
             "SELECT coalesce(state->>'topic_prefix', '') FROM runs WHERE run_id = $1", original)
         if prefix not in self._catalogues:
-            await copy_catalogue(Topics(prefix).tools, self.worker.runtime)
+            if self.mode != "live":
+                await copy_catalogue(Topics(prefix).tools, self.worker.runtime)
+            await copy_agents(Topics(prefix).agents, self.worker.runtime)
             self._catalogues.add(prefix)
 
     async def finish(self, run_id: str, orig: Timeline, recording: Recording, *,

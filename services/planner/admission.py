@@ -12,9 +12,10 @@ A refused task is still recorded and answered with a ``RunFailed``: its producer
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from agentstream.services.planner import agents, machine
+from agentstream.services.planner import agents, machine, subagents
 from agentstream.services.planner.state import TERMINAL, RunState
 from agentstream.streams.catalog.agents import AgentCatalog
 from agentstream.streams.catalog.tools import ToolCatalog
@@ -45,14 +46,23 @@ class Admission:
         task, agent, problem = await agents.admit(task, self.agents, now)  # a named agent: its definition's fields
         problem = problem or await self.task_problem(task, now)
         tools = await self.tools.describe(task.tools) if problem is None else []
+        team = agents.Team()
+        if agent is not None and problem is None:  # the agents it may call and hand over to, as tools
+            team, problem = await agents.team(agent, self.agents, depth=task.depth,
+                                              max_depth=self.runtime.settings.max_agent_depth)
+            task, tools = replace(task, tools=[*task.tools, *team.tool_names]), [*tools, *team.tools]
         if (clock := stages.clock()) is not None:
             clock.since("planner.task_checks", checking)
         state = machine.start(task, tools, now, self.max_run,
                               max_parallel_calls=self.runtime.settings.max_parallel_tool_calls,
                               generation=self.runtime.settings.generation, queued=queued,
                               tool_calling=self.runtime.settings.tool_calling)
-        if agent is not None:  # the exact definition the run uses, and where its retrievals search
-            state = state.changed(agent=agent.ref, collection=agent.collection)
+        if agent is not None:  # the exact definition the run uses, where its retrievals search, its team
+            state = state.changed(agent=agent.ref, collection=agent.collection, subagents=team.calls,
+                                  handoffs=team.handoffs)
+        if task.parent_run_id is not None:  # a sub-agent's run (services/planner/subagents.py)
+            state = state.changed(parent_run_id=task.parent_run_id, parent_step_id=task.parent_step_id,
+                                  depth=task.depth)
         over = await self.over_quota(task) if problem is None else None
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
@@ -61,6 +71,26 @@ class Admission:
         elif task.deadline is not None and task.deadline <= now:
             state = machine.expire(state, now) or state
         return state
+
+    async def hand_off(self, state: RunState, ref: str, now: datetime) -> RunState:
+        """The run ``state`` continued by the agent ``ref`` its model handed the conversation to: that
+        definition's instructions, tools, settings and team (resolved as a task naming it would be), the
+        run's own id, task, deadline, steps and conversation (services/planner/subagents.py)."""
+        agent = await self.agents.resolve(ref)
+        task = agents.apply(TaskSubmitted.build(run_id=state.run_id, step=f"{state.run_id}:task", service="planner",
+                                                task=state.task, max_steps=state.max_steps, deadline=state.deadline,
+                                                session=state.session), agent, now)
+        team, problem = await agents.team(agent, self.agents, depth=state.depth,
+                                          max_depth=self.runtime.settings.max_agent_depth)
+        if problem is not None:
+            return machine.fail(state, now, "invalid_task", f"the handoff to {ref} failed: {problem}")
+        task = replace(task, tools=[*task.tools, *team.tool_names], deadline=state.deadline)
+        fresh = machine.start(task, [*await self.tools.describe(task.tools[:len(agent.tools)]), *team.tools], now,
+                              max_parallel_calls=self.runtime.settings.max_parallel_tool_calls,
+                              generation=self.runtime.settings.generation, queued=True,
+                              tool_calling=self.runtime.settings.tool_calling)
+        fresh = fresh.changed(agent=agent.ref, collection=agent.collection, subagents=team.calls, handoffs=team.handoffs)
+        return machine.ask(subagents.handed_over(state, fresh), now)
 
     def taken(self, task: TaskSubmitted, now: datetime) -> RunState:
         """The failed state that answers ``task`` when its run id belongs to another pipeline's run (not

@@ -14,12 +14,15 @@ version, a task that also sets a field the definition decides (streams/core/agen
 ``task_override_problem``). After resolution the ordinary task rules apply to the resolved task (the
 definition's tools must still be registered, its ``max_tokens`` within this pipeline's bound).
 
-Sub-agents (``calls``) and handoffs are carried by the definition and not acted on yet (docs/agents.md).
+The agents a definition ``calls`` and ``handoffs`` are resolved with it, to exact versions, and offered to
+the model as tools (``team``: ``agent__{name}``, ``handoff__{name}``; services/planner/subagents.py). A run
+at ``AGENTSTREAM_MAX_AGENT_DEPTH`` is not offered the agents it could call (it may still hand over); a
+task deeper than that is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,6 +30,7 @@ from agentstream.streams.catalog.agents import AgentCatalog
 from agentstream.streams.core.agents import Agent, ref_problem, task_override_problem
 from agentstream.streams.core.errors import AgentRejected
 from agentstream.streams.core.events import TaskSubmitted
+from agentstream.streams.core.tools import ToolInfo
 
 
 async def admit(task: TaskSubmitted, catalog: AgentCatalog, now: datetime) -> tuple[TaskSubmitted, Agent | None, str | None]:
@@ -43,6 +47,38 @@ async def admit(task: TaskSubmitted, catalog: AgentCatalog, now: datetime) -> tu
     except AgentRejected as exc:
         return task, None, str(exc)
     return apply(task, agent, now), agent, None
+
+
+@dataclass(frozen=True)
+class Team:
+    """The agents a run may call and hand over to (exact refs) and the tools that offer them to its model."""
+
+    calls: tuple[str, ...] = ()
+    handoffs: tuple[str, ...] = ()
+    tools: list[ToolInfo] = field(default_factory=list)
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t.name for t in self.tools]
+
+
+async def team(agent: Agent, catalog: AgentCatalog, *, depth: int, max_depth: int) -> tuple[Team, str | None]:
+    """``agent``'s sub-agents and handoffs, resolved now (``(Team(), why not)`` when one is gone, or the run
+    is deeper than ``max_depth``)."""
+    from agentstream.services.planner import (
+        subagents,  # (subagents imports the run's state, as this need not)
+    )
+
+    if depth > max_depth:
+        return Team(), (f"the sub-agent tree is {depth} deep, deeper than AGENTSTREAM_MAX_AGENT_DEPTH={max_depth}: "
+                        "a definition that calls agents which call agents in turn stops there")
+    try:
+        called = [await catalog.resolve(ref) for ref in agent.calls] if depth < max_depth else []
+        handed = [await catalog.resolve(ref) for ref in agent.handoffs]
+    except AgentRejected as exc:
+        return Team(), f"agent {agent.ref}: {exc}"
+    tools = [*(subagents.agent_tool(a) for a in called), *(subagents.handoff_tool(a) for a in handed)]
+    return Team(calls=tuple(a.ref for a in called), handoffs=tuple(a.ref for a in handed), tools=tools), None
 
 
 def overrides(task: TaskSubmitted) -> dict[str, Any]:
@@ -66,4 +102,4 @@ def apply(task: TaskSubmitted, agent: Agent, now: datetime) -> TaskSubmitted:
                    top_p=agent.top_p, stop=list(agent.stop), seed=agent.seed, tool_calling=agent.tool_calling)
 
 
-__all__ = ["admit", "apply", "overrides"]
+__all__ = ["Team", "admit", "apply", "overrides", "team"]

@@ -16,13 +16,13 @@ calls waiting for a person are left. The model sees every result, in the order i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 
+from agentstream.services.planner import subagents
 from agentstream.services.planner.state import AWAITING_APPROVAL, RUNNING, PendingCall, RunState, ToolBatch
 from agentstream.streams.core.actions import CallRequest
-from agentstream.streams.core.events import Event, Message, ToolCallRequested
+from agentstream.streams.core.events import Event, Message
 from agentstream.streams.core.ids import step_id
 from agentstream.streams.core.kinds import RunStatus
 from agentstream.streams.kafka.topics import Topics
@@ -91,10 +91,8 @@ def requests(state: RunState, topics: Topics, *, redrive: bool = False) -> list[
     if batch is None:
         return []
     steps = {c.step_id for c in batch.calls if c.runnable} if redrive else set(batch.send)
-    return [(topics.tool_requests, ToolCallRequested.build(
-        run_id=state.run_id, step=c.step_id, service="planner", created_at=state.updated_at,
-        parent_step_id=batch.asked_by or None, tool=c.tool, arguments=json.dumps(c.arguments, sort_keys=True)))
-        for c in batch.calls if c.step_id in steps and c.runnable]
+    return [subagents.request(state, topics, c.step_id, c.tool, c.arguments, batch.asked_by or None)
+            for c in batch.calls if c.step_id in steps and c.runnable]
 
 
 def position(state: RunState, step: str) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from agentstream.services.planner import answers, fanout, summaries, transcript
+from agentstream.services.planner import answers, fanout, subagents, summaries, transcript
 from agentstream.services.planner.state import (
     AWAITING_APPROVAL,
     COMPLETED,
@@ -46,7 +46,6 @@ from agentstream.streams.core.events import (
     RunFailed,
     TaskSubmitted,
     ToolCallCompleted,
-    ToolCallRequested,
 )
 from agentstream.streams.core.ids import step_id
 from agentstream.streams.core.kinds import PendingKind, RunStatus
@@ -253,7 +252,7 @@ def _fan_out(state: RunState, now: datetime, calls: tuple[CallRequest, ...], new
 
 def _gave_up(event: ToolCallCompleted) -> bool:
     """A failure the tool service will not retry any more (not a bad call the model can correct)."""
-    return event.error_kind in ("retries_exhausted", "interrupted")
+    return event.error_kind in ("retries_exhausted", "interrupted") or subagents.is_agent_call(event.tool)
 
 
 def _retrieval_message(passages: list[dict], error: str | None) -> Message:
@@ -295,12 +294,6 @@ def cancel(state: RunState, now: datetime, reason: str, code: str = "cancelled")
     if state.terminal:
         return None
     return fail(state, now, code, reason or "cancelled on request")
-
-
-def time_left(state: RunState, now: datetime) -> float | None:
-    """Seconds until the run's deadline or maximum duration, whichever comes first (None: no limit)."""
-    limits = [t for t in (state.deadline, state.expires_at) if t is not None]
-    return min(limits).timestamp() - now.timestamp() if limits else None
 
 
 def expire(state: RunState, now: datetime) -> RunState | None:
@@ -390,6 +383,11 @@ def _ask_model(state: RunState, now: datetime, new: list[Message], **changes) ->
     return _next_step(state, now, "model", None, new, **changes)
 
 
+def ask(state: RunState, now: datetime) -> RunState:
+    """The run's next step asks the model (after a handoff: services/planner/subagents.py)."""
+    return _ask_model(state, now, [])
+
+
 def _request(state: RunState, now: datetime, action: Action, new: list[Message], **changes) -> RunState:
     if action.kind == "tool":
         request = ToolRequest(tool=action.tool or "", arguments=action.arguments,
@@ -427,8 +425,9 @@ def _next_step(state: RunState, now: datetime, kind: PendingKind, request: Pendi
 
 def fail(state: RunState, now: datetime, code: str, reason: str, **changes) -> RunState:
     """The run ended without an answer: ``code`` is machine-readable, ``reason`` is for people."""
-    return state.evolve(status=FAILED, error_code=code, error=_preview(reason, MAX_ERROR_CHARS), pending_step_id=None, pending_kind=None,
-                        pending_request=None, updated_at=now, **changes)
+    return state.evolve(status=FAILED, error_code=code, error=_preview(reason, MAX_ERROR_CHARS), pending_step_id=None,
+                        pending_kind=None, pending_request=None, stop_children=subagents.running_children(state),
+                        updated_at=now, **changes)
 
 
 def _preview(text: str | None, limit: int = RESULT_PREVIEW) -> str:
@@ -465,8 +464,7 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: 
             out.extend(fanout.requests(state, topics, redrive=redrive))
         elif state.pending_kind == "tool":
             assert isinstance(request, ToolRequest), request
-            out.append((topics.tool_requests, ToolCallRequested.build(
-                step=step, tool=request.tool, arguments=json.dumps(request.arguments, sort_keys=True), **common)))
+            out.append(subagents.request(state, topics, step, request.tool, request.arguments, state.last_step_id))
         else:
             assert isinstance(request, RetrievalRequest), request
             out.append((topics.retrieval_requests, RetrievalRequested.build(
@@ -480,6 +478,10 @@ def outputs(state: RunState, topics: Topics, *, snapshot: bool = True, redrive: 
         out.append((topics.outcomes, RunFailed.build(
             step=f"{state.run_id}:outcome", error_code=state.error_code or "failed", error=state.error or "",
             steps=state.step_index, duration_ms=_ms(state.submitted_at, state.updated_at), **common)))
+    if state.terminal:
+        to_parent = subagents.result_for_parent(state)  # a sub-agent's run: its outcome is the parent's result
+        out.extend([(topics.tool_results, to_parent)] if to_parent is not None else [])
+        out.extend(subagents.cancellations(state, topics))
     if state.session is not None and state.status == COMPLETED:
         updated = transcript.event(state, SERVICE)  # the session's mirror (keyed by session: publishing.py)
         if updated is not None:

@@ -28,6 +28,7 @@ from agentstream.streams.core.events import (
     RetrievalCompleted,
     RetrievalRequested,
     SessionUpdated,
+    TaskSubmitted,
     ToolCallCompleted,
     ToolCallRequested,
 )
@@ -115,6 +116,12 @@ def transition(old: RunState | None, new: RunState, outputs: Outputs, ctx: Conte
                                      request=_step_request(event), requested_at=new.updated_at))
         elif isinstance(event, ToolCallRequested) and new.pending_kind == "tools":
             requested.append(_call_row(new, event.step_id, _step_request(event)))
+        elif isinstance(event, TaskSubmitted) and event.parent_run_id == new.run_id and event.parent_step_id:
+            # A sub-agent call: the parent's step starts a child run (services/planner/subagents.py).
+            call = {"agent": event.agent, "task": event.task, "child_run_id": event.run_id}
+            requested.append(_call_row(new, event.parent_step_id, call) if new.pending_kind == "tools" else StepRow(
+                step_id=event.parent_step_id, run_id=new.run_id, step_index=new.step_index - 1, kind="tool",
+                request=call, requested_at=new.updated_at))
         elif isinstance(event, (InferenceRequested, ToolCallRequested, RetrievalRequested)):
             requested.append(StepRow(step_id=event.step_id, run_id=new.run_id,
                                      step_index=new.step_index - 1,

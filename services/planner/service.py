@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from agentstream.services.planner import machine, publishing
+from agentstream.services.planner import machine, publishing, subagents
 from agentstream.services.planner.admission import Admission
 from agentstream.services.planner.cache import FINISHED_SIZE, RunCache
 from agentstream.services.planner.leases import Leases
@@ -185,7 +185,10 @@ class Planner:
             assert isinstance(result, RetrievalCompleted)
             new = machine.prefetched(state, result, datetime.now(UTC))
         elif machine.is_pending_result(state, result):
-            new = self.admission.charge_tokens(machine.advance(state, result, datetime.now(UTC)))
+            now = datetime.now(UTC)
+            new = self.admission.charge_tokens(machine.advance(state, result, now))
+            if (handoff := subagents.wants_handoff(new)) is not None:  # a recorded switch of definition
+                new = await self.admission.hand_off(new, handoff, now)
         await self._transition(state, new, ctx, result)
 
     def _wait_for_request(self, result: Event, ctx: Context) -> None:

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from agentstream.services.planner import machine, summaries
 from agentstream.services.planner.state import QUEUED, RunState
 from agentstream.services.planner.transcript import Transcript, Turn
 from agentstream.streams.core import task_rules
+from agentstream.streams.core.agents import parse_ref
 from agentstream.streams.core.events import TaskSubmitted
 from agentstream.streams.core.outages import wait_out
 from agentstream.streams.runtime.headers import SESSION_HEADER
@@ -112,14 +114,15 @@ class Sessions:
         refused, queued behind a turn still going, or begun."""
         planner = self.planner
         store, prefix = planner.store, planner.runtime.topics.prefix
-        state = await planner.admission.start(task, now, queued=True)
+        problem = task_rules.session_problem(task.session) or self.partition_problem(task)
+        row, turns = (await store.session_with_turns(prefix, task.session) if problem is None and task.session
+                      else (None, []))
+        state = await planner.admission.start(_handed(task, row), now, queued=True)
         if state.terminal:
             return state
-        problem = task_rules.session_problem(task.session) or self.partition_problem(task)
         if problem is not None or task.session is None:
             self.stats["refused"] += 1
             return machine.fail(state, now, "invalid_task", problem or "no session")
-        row, turns = await store.session_with_turns(prefix, task.session)
         state = state.changed(session_epoch=row.epoch if row is not None else 0,
                               session_seq=ctx.record.offset if ctx is not None else 0)
         if [t for t in turns if t.run_id != task.run_id]:
@@ -207,6 +210,15 @@ class Sessions:
             return "cancelled"
         row = await self.planner.store.load_session(state.topic_prefix, state.session)
         return SESSION_DELETED if row is None or row.epoch != state.session_epoch else "cancelled"
+
+
+def _handed(task: TaskSubmitted, row: SessionRow | None) -> TaskSubmitted:
+    """``task``, going to the agent the session's last turn handed the conversation to when it names the
+    agent that turn was handed from (a user keeps talking to "support" and billing answers)."""
+    last = row.turns[-1] if row is not None and row.turns else None
+    if task.agent is None or last is None or not last.get("handed_from") or not last.get("agent"):
+        return task
+    return replace(task, agent=last["agent"]) if parse_ref(task.agent)[0] == parse_ref(last["handed_from"])[0] else task
 
 
 __all__: Sequence[str] = ["SESSION_DELETED", "Sessions"]

@@ -325,6 +325,18 @@ class RunState:
     #: and the retrieval collection its retrievals search (None: ``default``).
     agent: str | None = None
     collection: str | None = None
+    #: The agents its model may call (``agent__{name}``) and hand the conversation to (``handoff__{name}``),
+    #: as exact versions resolved when it started (services/planner/subagents.py).
+    subagents: tuple[str, ...] = ()
+    handoffs: tuple[str, ...] = ()
+    #: A sub-agent's run: its parent run and the parent's step it answers, and its depth in the tree.
+    parent_run_id: str | None = None
+    parent_step_id: str | None = None
+    depth: int = 0
+    #: Children a run that ended asks to stop (its sub-agent calls still running when it ended).
+    stop_children: tuple[str, ...] = ()
+    #: The agent the run started with, once it handed the conversation over to another (``agent``).
+    handed_from: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -359,6 +371,8 @@ class RunState:
         data["approval_tools"] = list(self.approval_tools)
         data["prefetched"] = list(self.prefetched)
         data["session_turns"] = list(self.session_turns)
+        for name in ("subagents", "handoffs", "stop_children"):
+            data[name] = list(getattr(self, name))
         data["messages"] = [message_to_dict(m) for m in self.messages]
         data["pending_request"] = request_to_dict(self.pending_request)
         if self.prefetch_served is not None:
@@ -383,6 +397,8 @@ class RunState:
         data["approval_tools"] = tuple(data.get("approval_tools", ()))
         data["prefetched"] = tuple(data.get("prefetched", ()))
         data["session_turns"] = tuple(data.get("session_turns", ()))
+        for name in ("subagents", "handoffs", "stop_children"):
+            data[name] = tuple(data.get(name, ()))
         data["messages"] = tuple(message_from_dict(m) for m in data["messages"])
         data["pending_request"] = request_from_dict(data.get("pending_request"))
         served = data.get("prefetch_served")
@@ -401,7 +417,7 @@ class RunState:
             parse_failures=self.parse_failures, prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens, version=self.version,
             submitted_at=self.submitted_at, updated_at=self.updated_at, traceparent=self.traceparent,
-            agent=self.agent,
+            agent=self.agent, parent_run_id=self.parent_run_id,
         )
 
 
@@ -416,4 +432,6 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "output_retries": 2,
     "session": None, "session_epoch": 0, "session_seq": 0, "session_turns": [], "session_dropped": 0,
     "max_parallel_calls": 1, "tool_calling": "json", "native_tools": None, "agent": None, "collection": None,
+    "subagents": [], "handoffs": [], "parent_run_id": None, "parent_step_id": None, "depth": 0, "stop_children": [],
+    "handed_from": None,
 }

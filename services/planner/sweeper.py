@@ -76,7 +76,7 @@ class Sweeper:
     def due(self, state: RunState, now: datetime) -> bool:
         """Whether the sweeper is to look at the run: its time is up, or it is running and neither moved
         nor was re-driven for longer than the step timeout."""
-        left = machine.time_left(state, now)
+        left = time_left(state, now)
         if left is not None and left <= 0:
             return True
         if state.status == QUEUED:  # its session's previous turn may have ended without beginning it (a crash)
@@ -177,3 +177,9 @@ class Sweeper:
     async def _publish_durably(self, outputs: Outputs, state: RunState) -> None:
         """Publish outside any record (no redelivery would repair a failure): through a broker outage."""
         await wait_out(lambda: self.planner.publish(outputs, state, None), f"publishing {state.run_id}")
+
+
+def time_left(state: RunState, now: datetime) -> float | None:
+    """Seconds until the run's deadline or maximum duration, whichever comes first (None: no limit)."""
+    limits = [t for t in (state.deadline, state.expires_at) if t is not None]
+    return min(limits).timestamp() - now.timestamp() if limits else None

@@ -15,7 +15,7 @@ transcript cut to fit the budget by it fits by the tokenizer's count too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from agentstream.services.planner.state import COMPLETED, RunState
@@ -41,26 +41,33 @@ class Turn:
     reply: str
     answer: str
     tokens: int
+    #: A turn whose agent handed the conversation over: the agent it ended with, and the one it started
+    #: with (the session's next turn naming that one goes on with this one: services/planner/sessions.py).
+    agent: str | None = None
+    handed_from: str | None = None
 
     @classmethod
-    def of(cls, run_id: str, user: str, reply: str, answer: str) -> Turn:
+    def of(cls, run_id: str, user: str, reply: str, answer: str, *, agent: str | None = None,
+           handed_from: str | None = None) -> Turn:
         tokens = estimate_tokens(user) + estimate_tokens(reply) + 2 * MESSAGE_OVERHEAD
-        return cls(run_id=run_id, user=user, reply=reply, answer=answer, tokens=tokens)
+        return cls(run_id=run_id, user=user, reply=reply, answer=answer, tokens=tokens,
+                   agent=agent if handed_from else None, handed_from=handed_from)
 
     def messages(self) -> tuple[Message, Message]:
         return Message(role="user", content=self.user), Message(role="assistant", content=self.reply)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "user": self.user, "reply": self.reply, "answer": self.answer,
+        data = {"run_id": self.run_id, "user": self.user, "reply": self.reply, "answer": self.answer,
                 "tokens": self.tokens}
+        return data | {"agent": self.agent, "handed_from": self.handed_from} if self.handed_from else data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:
         """A turn as ``sessions.turns`` or a run's state holds it; the estimate is recomputed when absent."""
         tokens = data.get("tokens")
-        turn = cls.of(str(data["run_id"]), str(data["user"]), str(data["reply"]), str(data.get("answer") or ""))
-        return turn if tokens is None else cls(run_id=turn.run_id, user=turn.user, reply=turn.reply,
-                                               answer=turn.answer, tokens=int(tokens))
+        turn = cls.of(str(data["run_id"]), str(data["user"]), str(data["reply"]), str(data.get("answer") or ""),
+                      agent=data.get("agent"), handed_from=data.get("handed_from"))
+        return turn if tokens is None else replace(turn, tokens=int(tokens))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +149,8 @@ def finished(state: RunState) -> Transcript | None:
     if state.session is None or state.status != COMPLETED or not state.messages:
         return None
     reply = state.messages[-1].content if state.messages[-1].role == "assistant" else (state.answer or "")
-    return started(state).after(Turn.of(state.run_id, state.task, reply, state.answer or ""))
+    return started(state).after(Turn.of(state.run_id, state.task, reply, state.answer or "", agent=state.agent,
+                                        handed_from=state.handed_from))
 
 
 def event(state: RunState, service: str) -> SessionUpdated | None:

@@ -287,5 +287,21 @@ class AgentCatalog(CompactedCatalog[AgentRegistered]):
         return AgentCatalogUnavailable(message)
 
 
-__all__ = ["ACCEPTED", "RUN_ID", "AgentCatalog", "Judgement", "Refused", "batch_problems", "digest", "fold", "judge",
-           "record_key", "register", "registrar", "registration"]
+async def copy_agents(source_topic: str, runtime: Runtime, *, timeout_s: float = 10.0) -> list[str]:
+    """Republish every accepted registration of ``source_topic`` on ``runtime``'s agents topic; return
+    the refs. A replay session runs on topics of its own: its planner must resolve the agents the
+    original pipeline's runs named (as ``copy_catalogue`` does for tools)."""
+    source = AgentCatalog(runtime.settings.kafka_bootstrap, source_topic, runtime.codec, timeout_s=timeout_s,
+                          auth=runtime.settings.kafka_auth)
+    try:
+        await source.refresh()
+        events = [e for versions in source.events().values() for e in versions.values()]
+    finally:
+        await source.close()
+    acks = [await runtime.send(runtime.topics.agents, e, key=record_key(e)) for e in events]
+    await asyncio.gather(*acks)
+    return sorted(f"{e.name}@{e.version}" for e in events)
+
+
+__all__ = ["ACCEPTED", "RUN_ID", "AgentCatalog", "Judgement", "Refused", "batch_problems", "copy_agents", "digest",
+           "fold", "judge", "record_key", "register", "registrar", "registration"]

@@ -91,6 +91,9 @@ class Settings:
     #: The most tool calls one model reply may ask for at once (they run side by side; a reply with more
     #: is refused like an invalid action). 1: one call per reply, as before parallel calls.
     max_parallel_tool_calls: int = 8
+    #: How deep a tree of sub-agents may grow: a run at this depth is not offered the agents it could call
+    #: (``AGENTSTREAM_MAX_AGENT_DEPTH``, default 3: a run, its children and grandchildren, and theirs).
+    max_agent_depth: int = 3
     #: How a task that does not say calls tools (``TaskSubmitted.tool_calling``): ``json`` actions (every
     #: backend's default: small models do better with them) or ``native`` (the engine's own tool calling,
     #: for a model and server that support it; docs/architecture.md, "Inference").
@@ -155,6 +158,7 @@ class Settings:
             step_timeout_s=env.positive_float("AGENTSTREAM_STEP_TIMEOUT_S", 60.0),
             max_run_s=env.positive_float("AGENTSTREAM_MAX_RUN_S", 3600.0),
             max_parallel_tool_calls=env.positive_int("AGENTSTREAM_MAX_PARALLEL_TOOL_CALLS", 8),
+            max_agent_depth=env.positive_int("AGENTSTREAM_MAX_AGENT_DEPTH", 3),
             tool_calling=_tool_calling(),
             telemetry=TelemetrySettings.load(paths),
             kafka_auth=load_kafka_auth(recorded, identity=identity, external=bool(env_kafka)),

@@ -178,6 +178,10 @@ class TaskSubmitted(Event):
     #: its tools, prompt, limits and settings from the definition (streams/core/agents.py: the task adds its
     #: text, deadline, metadata and session). None: the task's own fields.
     agent: str | None = None
+    #: A sub-agent's run: the run whose model called it (the envelope's ``parent_step_id`` is that run's
+    #: step, whose result this run's outcome becomes: services/planner/subagents.py), and its depth.
+    parent_run_id: str | None = None
+    depth: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +294,8 @@ class RunStateSnapshot(Event):
     traceparent: str | None = None
     #: The exact agent definition the run uses (``name@version``), when its task named one.
     agent: str | None = None
+    #: The run this one is a sub-agent of (None: none).
+    parent_run_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

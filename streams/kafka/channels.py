@@ -83,9 +83,10 @@ class ChannelSpec:
 
 CHANNELS: tuple[ChannelSpec, ...] = (
     ChannelSpec("tasks", (TaskSubmitted, RunCancelRequested, ApprovalDecided),
-                ("client", "replay", "foreign"), ("planner",),
+                ("client", "replay", "foreign", "planner"), ("planner",),
                 "The intake: tasks, cancellations and approval decisions, keyed by run. The one topic other "
-                "producers write to.", claim_checks=False, emitted=False, routed=True, redrivable=True),
+                "producers write to; the planner writes the tasks of sub-agents' runs and the cancellation of "
+                "those a parent leaves behind.", claim_checks=False, emitted=False, routed=True, redrivable=True),
     ChannelSpec("inference_requests", (InferenceRequested,), ("planner",), ("inference", "replay"),
                 "Model calls the planner asks for.", redrivable=True),
     ChannelSpec("inference_results", (InferenceCompleted,), ("inference", "replay"), ("planner", "alerts"),
@@ -101,8 +102,8 @@ CHANNELS: tuple[ChannelSpec, ...] = (
                 "Tool calls the model asked for (after approval when the tool needs it).", redrivable=True,
                 key=RUN_KEY + "; a call of a fan-out (several calls of one model reply) is keyed by its step id "
                 "instead, so that the calls run side by side"),
-    ChannelSpec("tool_results", (ToolCallCompleted,), ("tools", "replay"), ("planner", "alerts"),
-                "Tool results and errors.", routed=True, redrivable=True),
+    ChannelSpec("tool_results", (ToolCallCompleted,), ("tools", "replay", "planner"), ("planner", "alerts"),
+                "Tool results and errors; the planner writes a sub-agent run's outcome as its parent step's result.", routed=True, redrivable=True),
     ChannelSpec("runs", (RunStateSnapshot,), ("planner",), (),
                 "The latest state of every run (compacted), for anyone to read: its final state and a state that waits "
                 "for approval at once; a running run's at most once per AGENTSTREAM_SNAPSHOT_INTERVAL_MS (1 s)."),

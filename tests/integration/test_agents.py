@@ -53,11 +53,13 @@ async def test_registered_agents_run_with_their_definition_and_record_the_versio
 
     latest = await pipe.client.submit(TOOL_TASK, agent="support")
     pinned = await pipe.client.submit(TOOL_TASK, agent="support@1", metadata={"ticket": "7"})
-    for run_id, ref, prompt, steps in ((latest, "support@2", "second edition", 6), (pinned, "support@1", "first edition", 4)):
+    for run_id, ref, prompt, steps, tools in (
+            (latest, "support@2", "second edition", 6, ["calculator", "agent__research", "handoff__research"]),
+            (pinned, "support@1", "first edition", 4, ["calculator"])):
         result = await pipe.client.wait(run_id, timeout=30)
         assert result.ok and result.answer == "Based on the last step: calculator returned: 42", result
         state = await _state(pipe, run_id)
-        assert (state["agent"], state["tools"], state["max_steps"]) == (ref, ["calculator"], steps)
+        assert (state["agent"], state["tools"], state["max_steps"]) == (ref, tools, steps)
         requests = await _model_requests(pipe, run_id)
         assert requests and all(prompt in r.messages[0].content for r in requests)  # what the model was sent
         assert [e["event_type"] for e in await pipe.client.events(run_id)].count("ToolCallRequested") == 1
@@ -82,3 +84,44 @@ async def test_an_unknown_agent_is_refused_with_the_names_that_exist(pipe):
     await (await pipe.client.runtime.send(pipe.client.topics.tasks, task))
     result = await pipe.client.wait(run_id, timeout=30)
     assert result.error_code == "invalid_task" and "registered agents: research, support" in (result.error or "")
+
+
+TRIAGE = Agent(name="triage", system_prompt="You triage.", calls=["research"], handoffs=["billing"], max_steps=6)
+BILLING = Agent(name="billing", system_prompt="You do billing.", tools=["calculator"])
+
+
+async def test_a_parent_calls_two_children_at_once_then_hands_the_conversation_over(pipe):
+    await pipe.client.agents.register(RESEARCH, BILLING, TRIAGE)
+    ask = ('[[tools:agent__research {"task": "the first charge"} | agent__research {"task": "the second charge"}]] '
+           '[[tool:handoff__billing {}]] [[answer:refund issued]] Why was I charged twice?')
+    session = f"chat-{uuid.uuid4().hex[:6]}"
+    run_id = await pipe.client.submit(ask, agent="triage", session=session)
+    result = await pipe.client.wait(run_id, timeout=60)
+    assert result.ok and result.answer == "refund issued", result
+    state = await _state(pipe, run_id)
+    assert (state["agent"], state["handed_from"]) == ("billing@1", "triage@1")  # billing answered
+    results = [m["content"] for m in state["messages"] if m["role"] == "tool" and m["name"] == "agent__research"]
+    assert results == ["agent__research returned: You asked: the first charge",
+                       "agent__research returned: You asked: the second charge"]  # in the order asked
+    pool = await pipe.client.pool()
+    children = await pool.fetch("SELECT run_id, status, state->>'agent' AS agent, state->>'parent_step_id' AS step "
+                                "FROM runs WHERE state->>'parent_run_id' = $1 ORDER BY state->>'parent_step_id'", run_id)
+    assert [(c["status"], c["agent"], c["step"]) for c in children] == [
+        ("completed", "research@1", f"{run_id}:1:tool"), ("completed", "research@1", f"{run_id}:2:tool")]
+
+    # The session's next turn names triage again, and billing (to whom it was handed) answers.
+    again = await pipe.client.submit("[[answer:still billing]] and now?", agent="triage", session=session)
+    assert (await pipe.client.wait(again, timeout=30)).answer == "still billing"
+    assert (await _state(pipe, again))["agent"] == "billing@1"
+
+
+async def test_a_recorded_rerun_of_an_agent_run_uses_the_version_it_ran(pipe):
+    from agentstream.replay.rerun import rerun
+
+    await pipe.client.agents.register(V1, RESEARCH, V2)
+    run_id = await pipe.client.submit(TOOL_TASK, agent="support@1")
+    assert (await pipe.client.wait(run_id, timeout=30)).ok
+    await pipe.client.agents.register(Agent(name="support", version=3, system_prompt="Third.", tools=[]))
+    result = await rerun(pipe.settings, run_id, options=WorkerOptions(backend="scripted"), timeout=30)
+    assert result.finished and result.same_decisions, result.diff.to_dict()
+    assert (await _state(pipe, result.run_id))["agent"] == "support@1"  # not the newer support@3
