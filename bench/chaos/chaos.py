@@ -61,7 +61,7 @@ from bench.chaos.chaos_faults import (
     build_plan,
     plan_length_s,
 )
-from bench.chaos.chaos_load import REQUEST_TIMEOUT_S, Load, OutcomeLog, run_kinds
+from bench.chaos.chaos_load import CHAOS_AGENTS, REQUEST_TIMEOUT_S, Load, OutcomeLog, run_kinds
 from bench.chaos.chaos_poison import inject
 from bench.chaos.chaos_procs import (
     FOREIGN_ENV,
@@ -249,6 +249,7 @@ class Suite:
         async with AgentClient(self.settings) as client:
             outlog = OutcomeLog(self.stack.bootstrap, client.topics.outcomes, self.settings.partitions, self.codec)
             self.background.append(asyncio.create_task(outlog.follow(self.stop)))
+            await client.agents.register(*CHAOS_AGENTS)  # the tree kind's agents
             load = Load(client, kinds, self.deadline_s, self.args.seed)
             approver_stop = asyncio.Event()
             self.background.append(asyncio.create_task(load.approve_until(approver_stop)))
@@ -288,7 +289,7 @@ class Suite:
         c, started = report.counts, phase["started"]
         invariants_hold = (c["lost"] == c["stuck"] == c["duplicated_effects"] == c["duplicated_events"]
                            == c["snapshot_regressions"] == c["dead_letters"] == c["failed_without_reason"]
-                           == c["session_violations"] == 0)
+                           == c["session_violations"] == c["tree_violations"] == 0)
         fault_errors = [f"{f.label}: {f.error}" for f in faults if f.error]
         ordered = sorted(faults, key=lambda f: f.started)
         during = report.details.pop("completed_during_fault")

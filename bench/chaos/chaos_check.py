@@ -27,6 +27,8 @@ keys of ``bench/chaos/chaos.py``):
 - **dead_letters**: letters on ``agent.dlq`` whose source (topic, partition, offset) is not an injected
   poison record and whose run is not a poison run (letters about records *derived* from poison, e.g.
   a request the planner built from a poison task, are listed apart as ``poison_derived_dead_letters``);
+- **tree_violations**: runs of the ``tree`` kind that completed without exactly one completed child per
+  sub-agent step (each with its side effect), plus parent steps with more than one child run;
 - **session_violations**: sessions (the ``session`` kind's conversations) whose transcript is not exactly
   their completed turns, each once, in their order on the session's partition (the oldest beyond the
   token budget dropped): a turn lost, applied twice or reordered;
@@ -115,6 +117,8 @@ class Evidence:
     #: Each session's transcript (run ids, oldest first) and turns dropped for its budget; each turn's place.
     sessions: dict[str, tuple[list[str], int]] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)
+    #: Sub-agents' runs of the suite's runs (the ``tree`` kind): run id, status, parent, parent's step.
+    children: list[asyncpg.Record] = field(default_factory=list)
 
 
 async def gather_evidence(bootstrap: str, database_url: str, topics: Topics, codec: Codec,
@@ -124,6 +128,10 @@ async def gather_evidence(bootstrap: str, database_url: str, topics: Topics, cod
         *(read_topic(bootstrap, t, partitions[t], codec) for t in (topics.outcomes, topics.runs, topics.dlq)))
     conn = await asyncpg.connect(database_url)
     try:
+        children = await conn.fetch(
+            "SELECT run_id, status, state->>'parent_run_id' AS parent, state->>'parent_step_id' AS step FROM runs "
+            "WHERE state->>'parent_run_id' = ANY($1)", run_ids)
+        run_ids = [*run_ids, *(c["run_id"] for c in children)]  # their effects and events are judged too
         rows = {r["run_id"]: r for r in await conn.fetch(
             "SELECT run_id, status, error_code, error, finished_at, version FROM runs WHERE run_id = ANY($1)",
             run_ids)}
@@ -141,7 +149,7 @@ async def gather_evidence(bootstrap: str, database_url: str, topics: Topics, cod
             "AND state ? 'session'", run_ids)}
     finally:
         await conn.close()
-    return Evidence(outcomes, snapshots, letters, rows, effects, event_dupes, history_rows, sessions, seqs)
+    return Evidence(outcomes, snapshots, letters, rows, effects, event_dupes, history_rows, sessions, seqs, children)
 
 
 @dataclass
@@ -264,6 +272,27 @@ def session_checks(verdicts: list[RunVerdict], evidence: Evidence) -> dict[str, 
             "violations": len(violations), "examples": violations[:LIST_LIMIT]}
 
 
+def tree_checks(verdicts: list[RunVerdict], evidence: Evidence) -> dict[str, Any]:
+    """The ``tree`` kind's runs against their sub-agents: a completed parent has exactly one child per
+    sub-agent step (two), each completed, each with its one side effect; no parent step has two children.
+    A violation is a child lost, started twice or unfinished under a parent that answered."""
+    by_parent: dict[str, list[asyncpg.Record]] = defaultdict(list)
+    for child in evidence.children:
+        by_parent[child["parent"]].append(child)
+    effects = Counter(r["run_id"] for r in evidence.effects)
+    violations = []
+    twice = sum(n - 1 for n in Counter((c["parent"], c["step"]) for c in evidence.children).values() if n > 1)
+    for v in verdicts:
+        if v.run.kind.agent is None or v.status != "completed":
+            continue
+        kids = by_parent.get(v.run.run_id, [])
+        if len(kids) != 2 or any(k["status"] != "completed" or effects[k["run_id"]] < 1 for k in kids):
+            violations.append({"run_id": v.run.run_id, "children": [(k["run_id"], k["status"], effects[k["run_id"]])
+                                                                    for k in kids]})
+    return {"trees": sum(1 for v in verdicts if v.run.kind.agent is not None), "children": len(evidence.children),
+            "children_started_twice": twice, "violations": len(violations) + twice, "examples": violations[:LIST_LIMIT]}
+
+
 def letter_checks(evidence: Evidence, injected: list[Injected]) -> dict[str, Any]:
     """Sort the dead letters: of an injected record, derived from poison, or of real traffic. Each
     injected record's fate: its dead letters, and the outcome of the run it named, if one started."""
@@ -321,6 +350,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
     effects = effect_checks(runs, verdicts, evidence)
     letters = letter_checks(evidence, injected)
     conversations = session_checks(verdicts, evidence)
+    trees = tree_checks(verdicts, evidence)
     step_dupes = sum(r["n"] - 1 for r in evidence.event_dupes)
     lost = [v for v in verdicts if v.status is None]
     stuck = [v for v in verdicts if v.status is not None and (not v.on_topic or (v.at or 0) > v.run.deadline + grace_s)]
@@ -339,6 +369,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
         "dead_letters": len(letters["real"]),
         "failed_without_reason": sum(1 for v in failed if not (v.error_code and v.error)),
         "session_violations": conversations["violations"],
+        "tree_violations": trees["violations"],
     }
     report.details = {
         "duplicated_events_detail": {"outcomes": outcome_dupes["outcomes"],
@@ -348,6 +379,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
                                          {k: r[k] for k in ("run_id", "step_id", "event_type", "n")}
                                          for r in evidence.event_dupes[:LIST_LIMIT]]},
         "sessions": {k: conversations[k] for k in ("sessions", "turns", "examples")},
+        "trees": {k: trees[k] for k in ("trees", "children", "children_started_twice", "examples")},
         "dead_letter_reasons": letters["real"][:LIST_LIMIT],
         "dead_letters_by_kind": dict(Counter(f"{d['consumer']}:{d['error_kind']}" for d in letters["real"])),
         "poison_derived_dead_letters": letters["derived"][:LIST_LIMIT],

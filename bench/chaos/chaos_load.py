@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.core.agents import Agent
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import RunCompleted, RunFailed, TaskSubmitted
 from agentstream.streams.core.ids import new_run_id
@@ -57,6 +58,8 @@ class RunKind:
     cancel_after_s: float | None = None
     #: Turns of conversations: each run is a turn of one of this many sessions (0: runs on their own).
     sessions: int = 0
+    #: A run of this registered agent (``CHAOS_AGENTS``): the task names it and carries no tools.
+    agent: str | None = None
 
 
 def run_kinds(slow_ms: int, cancel_after_s: float) -> list[RunKind]:
@@ -82,7 +85,22 @@ def run_kinds(slow_ms: int, cancel_after_s: float) -> list[RunKind]:
         # Turns of a few conversations (services/planner/sessions.py): a session's turns run one at a time,
         # in their order on its partition, each once, and every completed one is in its transcript.
         RunKind("session", 10, "[[answer:turn]] and then?", (), "completed", sessions=3),
+        # A tree of agents (services/planner/subagents.py): a parent calls two children at once (each a run
+        # of its own with one side effect), then hands the conversation to a third agent, which answers.
+        RunKind("tree", 10, '[[tools:agent__chaos_child {"task": "one"} | agent__chaos_child {"task": "two"}]] '
+                '[[tool:handoff__chaos_closer {}]] [[answer:tree done]]', (), "completed", agent="chaos_parent"),
     ]
+
+
+#: The agents of the ``tree`` kind, registered by the suite before its load. The child's script is its
+#: system prompt (the scripted model plays it when the task has no directives).
+CHAOS_AGENTS = (
+    Agent(name="chaos_child", system_prompt='[[tool:chaos_effect {"label": "child"}]] [[answer:child done]]',
+          tools=["chaos_effect"], max_steps=MAX_STEPS),
+    Agent(name="chaos_closer", system_prompt="You close the case.", max_steps=MAX_STEPS),
+    Agent(name="chaos_parent", system_prompt="You delegate.", calls=["chaos_child"], handoffs=["chaos_closer"],
+          max_steps=MAX_STEPS),
+)
 
 
 @dataclass
@@ -166,8 +184,8 @@ class Load:
         deadline = now + timedelta(seconds=self.deadline_s)
         event = TaskSubmitted.build(run_id=run_id, step=f"{run_id}:task", service="chaos", task=kind.task,
                                     tools=list(kind.tools), max_steps=MAX_STEPS, deadline=deadline,
-                                    metadata={"chaos_kind": kind.name}, prefetch=kind.prefetch,
-                                    created_at=now, session=session)
+                                    metadata={"chaos_kind": kind.name}, prefetch=kind.prefetch or bool(kind.agent),
+                                    created_at=now, session=session, agent=kind.agent)
         run = SubmittedRun(run_id, kind, now.timestamp(), deadline.timestamp(), session=session)
         headers = [(tracing.HEADER, tracing.new_traceparent().encode())]
         if session is not None:

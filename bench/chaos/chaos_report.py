@@ -11,7 +11,7 @@ from bench.chaos.chaos_procs import TAIL_LINES
 
 def print_summary(result: dict) -> None:
     keys = ("runs", "completed", "lost", "stuck", "duplicated_effects", "duplicated_events",
-            "snapshot_regressions", "dead_letters", "failed_without_reason", "session_violations")
+            "snapshot_regressions", "dead_letters", "failed_without_reason", "session_violations", "tree_violations")
     print(f"chaos suite ({result['mode']}): {'every check holds' if result['ok'] else 'CHECKS FAILED'}")
     for key in keys:
         print(f"  {key:<24} {result[key]}")

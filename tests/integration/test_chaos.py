@@ -66,7 +66,7 @@ def test_quick_chaos_suite(tmp_path: Path) -> None:
     assert result["runs"] > 0, context
     violations = {key: result[key] for key in ("lost", "stuck", "duplicated_effects", "duplicated_events",
                                                "snapshot_regressions", "dead_letters", "failed_without_reason",
-                                               "session_violations")
+                                               "session_violations", "tree_violations")
                   if result[key]}
     details = {key: result[key] for key in ("lost_runs", "stuck_runs", "duplicated_events_detail",
                                             "duplicated_effect_examples", "snapshot_regression_examples",
@@ -135,7 +135,8 @@ def test_a_clean_run_passes(chaos: dict[str, ModuleType]) -> None:
     report = check.build_report([run], evidence, [], [], GRACE_S, {"run-a": T0 + 2})
     assert report.counts == {"runs": 1, "completed": 1, "failed_by": {}, "lost": 0, "stuck": 0,
                              "duplicated_effects": 0, "duplicated_events": 0, "snapshot_regressions": 0,
-                             "dead_letters": 0, "failed_without_reason": 0, "session_violations": 0}
+                             "dead_letters": 0, "failed_without_reason": 0, "session_violations": 0,
+                             "tree_violations": 0}
     assert report.details["completed_runs_missing_effects"] == 0
 
 
@@ -156,6 +157,26 @@ def test_a_sessions_transcript_is_checked_against_its_completed_turns(chaos: dic
     assert violations(["t2", "t1", "t3"]) == 1  # reordered
     assert violations(["t1", "t3"]) == 1  # lost
     assert violations(["t1", "t2", "t2", "t3"]) == 1  # doubled
+
+
+def test_a_trees_children_are_checked_one_per_step_each_completed_with_its_effect(chaos: dict[str, ModuleType]) -> None:
+    check = chaos["chaos_check"]
+    parent = _run(chaos, "p", "tree")
+    evidence = dict(outcomes=[_rec(chaos, _completed("p"), 0)], rows={"p": _row("completed")})
+
+    def kid(run_id: str, step: str, status: str = "completed") -> dict:
+        return {"run_id": run_id, "status": status, "parent": "p", "step": step}
+
+    def violations(children: list[dict], effects: tuple[str, ...] = ("c1", "c2")) -> int:
+        found = _evidence(chaos, **evidence, children=children,
+                          effects=[{"run_id": r, "step_id": f"{r}:1:tool", "n": 1} for r in effects])
+        return check.build_report([parent], found, [], [], GRACE_S, {}).counts["tree_violations"]
+
+    assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool")]) == 0
+    assert violations([kid("c1", "p:1:tool")], effects=("c1",)) == 1  # a child lost
+    assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool", "failed")]) == 1  # unfinished under an answer
+    assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool")], effects=("c1",)) == 1  # its effect missing
+    assert violations([kid("c1", "p:1:tool"), kid("c2", "p:1:tool")]) == 1  # one step, two children
 
 
 def test_each_violation_is_counted(chaos: dict[str, ModuleType]) -> None:

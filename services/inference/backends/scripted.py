@@ -15,7 +15,8 @@ A request to summarise a session's oldest turns (services/planner/summaries.py: 
 ``Reply with the summary only.``) gets ``earlier: a, b``: the earlier summary's answers and the folded
 turns' answers, in order.
 
-A turn of a session starts at its task, the last user message with directives; the earlier turns'
+A task without directives plays those of the system message (an agent definition's system prompt: a
+sub-agent's task is whatever its parent's model wrote). A turn of a session starts at its task, the last user message with directives; the earlier turns'
 messages before it are its transcript.
 
 Without directives, a task holding an arithmetic expression ("What is 17 * 23?") gets a calculator call
@@ -57,6 +58,8 @@ def scripted_reply(messages: tuple[ChatMessage, ...]) -> tuple[str, float]:
     if len(results) > 1:  # the results of several calls at once
         last_result = " | ".join(results)
     plan: list[tuple[str, str]] = [(k, (a or "").strip()) for k, a in _DIRECTIVE.findall(task)]
+    if not plan and messages and messages[0].role == "system":  # an agent's own script (its system prompt)
+        plan = [(k, (a or "").strip()) for k, a in _DIRECTIVE.findall(messages[0].content)]
     delay = 0.0
     actions: list[tuple[str, str]] = []
     for kind, arg in plan:
