@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 
 from agentstream.cli.common import console, err, run_async
@@ -80,12 +81,25 @@ def show(run_id: str,
     if as_json:
         print(json.dumps(tl.as_dict(), default=str))
         return
-    print_timeline(tl)
+    print_tree(tl, lambda child: _run(tl_mod.show(_settings(), child, check=not no_kafka)))
     if html is not None:
         console.print(f"timeline written to {html}")
 
 
-def print_timeline(tl) -> None:
+def print_tree(tl, load, depth: int = 0) -> None:
+    """The run's timeline, and under each of its sub-agent calls the child run's, indented (a tree of
+    agents: services/planner/subagents.py)."""
+    print_timeline(tl, depth)
+    for s in tl.steps:
+        child = s.request.get("child_run_id") if s.kind == "tool" else None
+        sub = load(child) if child else None
+        if sub is not None:
+            console.print(Padding(f"└ step {s.index} ran {escape(s.request.get('agent') or 'an agent')} as run {child}:",
+                                  (1, 0, 0, 4 * depth)))
+            print_tree(sub, load, depth + 1)
+
+
+def print_timeline(tl, depth: int = 0) -> None:
     run = tl.run
     table = Table("#", "step", "queue/compute/back ms", "tokens p/c/cached · TTFT", "request → result",
                   title=f"{run['run_id']} · {run['status']}"
@@ -97,6 +111,8 @@ def print_timeline(tl) -> None:
             request, result = f"{s.request.get('messages', '')} messages", r.get("text", "")
             usage = (f"{s.usage('prompt_tokens'):.0f}/{s.usage('completion_tokens'):.0f}/"
                      f"{s.usage('cached_prompt_tokens'):.0f} · {_ms(s.usage('ttft_ms'))}")
+        elif s.kind == "tool" and s.request.get("child_run_id"):  # a sub-agent's run
+            request, result = f"{s.request.get('agent')}: {s.request.get('task')!r}", r.get("result")
         elif s.kind == "tool":
             request, result = f"{s.request.get('tool')}({json.dumps(s.request.get('arguments'))})", r.get("result")
         else:
@@ -106,7 +122,9 @@ def print_timeline(tl) -> None:
         shown = f"[red]{escape(_short(s.error))}[/red]" if s.error else escape(_short(result or "", 80))
         table.add_row(str(s.index), f"{escape(s.label.partition(' ')[2])} [dim]({s.service}, {s.status})[/dim]", timing, usage,
                       f"{escape(_short(request, 60))} → {shown}")
-    console.print(table)
+    console.print(Padding(table, (0, 0, 0, 4 * depth)) if depth else table)
+    if depth:
+        return  # a child's: its table only
     b = tl.budget()
     console.print(f"wall {b.wall_ms:.1f} ms · transport+queues {b.transport_ms:.1f} ms ({b.share(b.transport_ms):.0%}) "
                   f"· compute {b.compute_ms:.1f} ms ({b.share(b.compute_ms):.0%}) · planner {b.planner_ms:.1f} ms "
