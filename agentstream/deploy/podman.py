@@ -3,8 +3,9 @@
 podman 4.3 (Debian 12) plays Pods, Deployments (every replica a pod) and ConfigMaps from the file. A
 Secret that ``envFrom.secretRef`` names must be a podman secret holding the Secret's ``data`` as JSON
 (key -> base64), so it is created here first. A Job is run as its container would be (``podman run``, the same arguments and
-environment, a read-only root). PodDisruptionBudgets, KEDA ScaledObjects and NetworkPolicies are cluster
-objects with nothing to do on one host: they are left out of the played file.
+environment, a read-only root). PodDisruptionBudgets, KEDA ScaledObjects, NetworkPolicies, and the gateway's
+Service, Ingress and HorizontalPodAutoscaler are cluster objects with nothing to do on one host: they are
+left out of the played file (the gateway's pod is on the host's network: its port is the host's).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +37,16 @@ def podman(*args: str, conf: Path | None = None, check: bool = True,
     return done
 
 
-def rendering(settings: Settings, image: str, name: str) -> list[Obj]:
+def rendering(settings: Settings, image: str, name: str, sets: Sequence[str] = ()) -> list[Obj]:
     """``infra/deploy/values-podman.yaml`` pointed at ``settings``' broker and database, its objects and
-    topics under ``name`` (a prefix of their own), running ``image``."""
+    topics under ``name`` (a prefix of their own), running ``image``; ``sets``: more ``--set`` overrides
+    (``services.gateway.port=N``, ``services.gateway.enabled=false``)."""
     repository, _, tag = image.rpartition(":")
     return manifests.render(values.load(
         [values.defaults_file().parent / "values-podman.yaml"],
         [f"namePrefix={name}", f"kafka.bootstrapServers={settings.kafka_bootstrap}",
          f"database.url={settings.database_url}", f"kafka.topicPrefix={name}.",
-         f"kafka.partitions={settings.partitions}", f"image.repository={repository}", f"image.tag={tag}"]))
+         f"kafka.partitions={settings.partitions}", f"image.repository={repository}", f"image.tag={tag}", *sets]))
 
 
 class KubePlay:
@@ -118,6 +121,15 @@ class KubePlay:
         """SIGKILL every container of the pod, then remove it: a node lost, no graceful shutdown."""
         self._podman("pod", "kill", pod)
         self._podman("pod", "rm", "-f", pod)
+
+    def exec(self, pod: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``agentstream ARGS`` in the pod's (first) container, as ``kubectl exec`` would: its image,
+        environment and identity (``token create`` from the gateway's pod)."""
+        inspected = json.loads(self._podman("pod", "inspect", pod).stdout)
+        info = inspected[0] if isinstance(inspected, list) else inspected
+        infra = info.get("InfraContainerID")
+        container = next(c["Name"] for c in info.get("Containers") or [] if c["Id"] != infra)
+        return self._podman("exec", container, "agentstream", *args, check=False, timeout=timeout)
 
     def logs(self, pod: str) -> str:
         return self._podman("pod", "logs", pod, check=False).stdout

@@ -38,7 +38,8 @@ TASK = '[[tool:calculator {"expression": "6 * 7"}]] [[tool:calculator {"expressi
 
 async def one_round(settings: Settings, image: str) -> dict[str, float]:
     name = f"kb{uuid.uuid4().hex[:6]}"
-    objects = rendering(settings, image, name)
+    # The figures are the workers' (docs/benchmarks.md); the gateway's pod is tests/integration/test_kube_play.py's.
+    objects = rendering(settings, image, name, ["services.gateway.enabled=false"])
     with tempfile.TemporaryDirectory() as workdir:
         deployment = KubePlay(objects, Path(workdir), conf=CONF)
         try:

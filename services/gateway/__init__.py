@@ -7,6 +7,7 @@ docs/gateway.md has the design, the endpoints, auth and limits; the modules:
 
 - ``app``: the FastAPI application; ``server``: uvicorn; ``settings``: ``AGENTSTREAM_GATEWAY_*``;
 - ``routes_runs``: /v1/runs, /v1/approvals, /v1/sessions; ``routes_openai``: /v1/chat/completions, /v1/models;
+  ``routes_console``: the runs list, a run's timeline, /v1/whoami, and the web console (``console/``, static);
 - ``auth`` and ``tokens``: bearer tokens (hashed in PostgreSQL) to tenant and role;
 - ``limits``: rate per tenant, requests and streams per replica, body size; ``problems``: RFC 9457 errors;
 - ``cells``: tenants to cells and run ownership; ``hub``, ``stream``, ``positions``, ``sse``: the live

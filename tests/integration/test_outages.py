@@ -1,5 +1,5 @@
 """Outages in the middle of a load, on a broker and a database of the test's own (agentstream/devstack/private.py):
-PostgreSQL stopped for 30 s, the broker killed and restarted, a planner paused past its session timeout.
+PostgreSQL stopped for 15 s, the broker killed and restarted, a planner paused past its session timeout.
 Every run completes, every side effect happens once, no snapshot goes back in version."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ async def _readyz(port: int) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def test_postgres_stopped_for_30_s_mid_load(stack, tmp_path):
+async def test_postgres_stopped_for_15_s_mid_load(stack, tmp_path):
     """Submitting goes on (Kafka is the intake); the planners wait the outage out, saying so on /readyz."""
     port = free_port()
     pipe_cm, pipe, procs = await _pipeline(stack, tmp_path, metrics_port=port)
@@ -107,7 +107,7 @@ async def test_postgres_stopped_for_30_s_mid_load(stack, tmp_path):
         await stack.stop_postgres()
         reported = []
         stopped_at = time.monotonic()
-        while time.monotonic() - stopped_at < 30:
+        while time.monotonic() - stopped_at < 15:  # (30 s before: no more is learnt from longer)
             status, why = await _readyz(port)
             if status == 503 and "database" in why:
                 reported.append(why)

@@ -111,6 +111,8 @@ def test_wheel_has_one_top_level_package(installed: Path) -> None:
     assert tops == {"agentstream"}, tops
     assert not (site / "streams").exists() and not (site / "services").exists()
     assert (site / "agentstream" / "py.typed").exists()
+    console = site / "agentstream" / "services" / "gateway" / "console"  # the web console: package data
+    assert {p.name for p in console.iterdir()} >= {"index.html", "console.js", "console.css"}
 
 
 def test_the_installed_wheel_encodes_every_event_and_names_missing_extras(installed: Path,
