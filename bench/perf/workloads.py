@@ -2,9 +2,9 @@
 
 - ``plain`` (the default, and every figure before issue 32): a run of 3 steps on its own, model →
   calculator → model answer.
-- ``conversations``: every run is a turn of a session (as many sessions as runs in flight, so turns of
-  one session rarely wait for each other; each session has 5 turns, then a new one begins) whose model asks for two calculator calls at once, then
-  answers: 4 steps (model, two parallel calls, model). Each turn starts from its session's transcript
+- ``conversations``: every run is a turn of a session (twice as many sessions as runs in flight, so turns
+  of one session rarely wait for each other; each session has 5 turns, then a new one begins) whose model
+  asks for two calculator calls at once, then answers: 4 steps (model, two parallel calls, model). Each turn starts from its session's transcript
   (loaded from PostgreSQL, sent to the model within the token budget) and writes it back; this is the
   conversations issue's "pipeline benchmark with sessions and parallel calls on".
 - ``sessions`` and ``parallel``: one of the two each (the plain run as a turn of a session; the
@@ -29,9 +29,10 @@ class Workload:
 
     async def submit(self, client: AgentClient, i: int, concurrency: int) -> str:
         """Submit run ``i`` (``concurrency``: runs in flight, which sizes the set of sessions)."""
-        # One session per run in flight, each of TURNS turns (then the slot starts a new one): turns of a
-        # session follow one another, as a user's do, and its transcript stays at a few turns.
-        slot = max(1, concurrency)
+        # Twice as many sessions as runs in flight, each of TURNS turns (then a new one): a session's next
+        # turn comes once its previous one has mostly ended, as a user's does (fewer sessions make turns
+        # queue behind their session's previous one, a cost of its own), and its transcript stays short.
+        slot = 2 * max(1, concurrency)
         session = (f"bench-{i % slot}-{i // (slot * self.turns)}" if self.name in ("conversations", "sessions")
                    else None)
         if self.name in ("conversations", "parallel"):

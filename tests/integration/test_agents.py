@@ -108,6 +108,9 @@ async def test_a_parent_calls_two_children_at_once_then_hands_the_conversation_o
                                 "FROM runs WHERE state->>'parent_run_id' = $1 ORDER BY state->>'parent_step_id'", run_id)
     assert [(c["status"], c["agent"], c["step"]) for c in children] == [
         ("completed", "research@1", f"{run_id}:1:tool"), ("completed", "research@1", f"{run_id}:2:tool")]
+    traces = {r["traceparent"].split("-")[1] for r in await pool.fetch(
+        "SELECT traceparent FROM runs WHERE run_id = $1 OR state->>'parent_run_id' = $1", run_id)}
+    assert len(traces) == 1  # one trace spans the tree
 
     # The session's next turn names triage again, and billing (to whom it was handed) answers.
     again = await pipe.client.submit("[[answer:still billing]] and now?", agent="triage", session=session)
