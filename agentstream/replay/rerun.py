@@ -141,7 +141,7 @@ class ReplaySession:
         await worker.start()  # topics (from the catalogue, under the prefix), migrations, services ready
         if self.mode != "live":
             live = await self._live_handlers(worker) if self.mode == "fork" else None
-            self.responder = Responder(worker.runtime, live)
+            self.responder = Responder(worker.runtime, live, worker.pool)
             s = self.settings
             worker.runners.extend(self.responder.services(
                 session_timeout_ms=s.session_timeout_ms, heartbeat_interval_ms=max(100, s.session_timeout_ms // 10),
@@ -225,7 +225,8 @@ class ReplaySession:
         session = orig.task.get("session")  # a turn of a session: its run id on the session's partition
         run_id = Topics.of(self.settings).run_id_for_session(session) if session else new_run_id()
         event = self._task_event(run_id, orig, overrides or Overrides())
-        agent = await pool.fetchval("SELECT state->>'agent' FROM runs WHERE run_id = $1", original)
+        agent = await pool.fetchval(  # the agent the run started with (it may have handed over since)
+            "SELECT coalesce(state->>'handed_from', state->>'agent') FROM runs WHERE run_id = $1", original)
         if agent is not None:  # the exact definition the original ran (a later version must not change it)
             if overrides is not None and overrides != Overrides():
                 raise ReplayError(f"run {original} ran agent {agent}: its model, prompt and tools are the "

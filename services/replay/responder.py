@@ -16,10 +16,16 @@ conversation changed (a different system prompt).
 
 For a fork (``live_from=N``), requests of steps ``>= N`` go to live handlers (the real inference, tool
 and retrieval services' ``handle``), which publish on the same replay topics.
+
+A tree of agents replays run by run: the replayed parent's sub-agent calls start child runs in the
+replay's pipeline (their ids derived from the new parent's steps), and a child's requests are answered
+from the ORIGINAL child's record — the run the original parent's step of the same index started
+(``child_plan``, found through the child's recorded parent once its planner has recorded it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,6 +33,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from agentstream.services.planner.subagents import child_run_id
 from agentstream.streams.core.events import (
     Event,
     InferenceCompleted,
@@ -134,10 +141,16 @@ class Plan:
     live_from: int | None = None
 
 
+#: How long a request of a run the responder does not know waits for the run to be recorded as the child
+#: of a replayed run (its planner publishes the model request while it records the run).
+CHILD_WAIT_S = 5.0
+
+
 class Responder:
-    def __init__(self, runtime: Runtime, live: LiveHandlers | None = None) -> None:
+    def __init__(self, runtime: Runtime, live: LiveHandlers | None = None, pool: asyncpg.Pool | None = None) -> None:
         self.runtime = runtime
         self.live = live
+        self.pool = pool
         self.plans: dict[str, Plan] = {}
         self.stats = {"recorded": 0, "live": 0, "unmatched": 0}
 
@@ -161,7 +174,7 @@ class Responder:
     async def handle(self, event: Event, ctx: Context) -> None:
         if not isinstance(event, (InferenceRequested, ToolCallRequested, RetrievalRequested)):
             raise TypeError(f"the replay responder does not handle {type(event).__name__}")
-        plan = self.plans.get(event.run_id)
+        plan = self.plans.get(event.run_id) or await self.child_plan(event.run_id)
         if plan is None:
             await self._answer(ctx, event, None, f"run {event.run_id} is not being replayed by this responder")
             return
@@ -175,6 +188,29 @@ class Responder:
         recorded = plan.recording.steps.get((index, kind))
         problem = _mismatch(event, recorded, plan.recording.run_id, index, kind)
         await self._answer(ctx, event, None if problem else recorded, problem)
+
+    async def child_plan(self, run_id: str) -> Plan | None:
+        """The plan of ``run_id`` when it is a sub-agent's run started by a replayed run: the original
+        child's recording (the run the original parent's step of the same index started), as a fork's
+        children are computed live from the fork's step on. None for any other run."""
+        if self.pool is None:
+            return None
+        deadline = time.monotonic() + CHILD_WAIT_S
+        while True:
+            row = await self.pool.fetchrow("SELECT state->>'parent_run_id' AS parent, state->>'parent_step_id' AS step "
+                                           "FROM runs WHERE run_id = $1", run_id)
+            if row is not None or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        parent = self.plans.get(row["parent"]) if row is not None and row["parent"] else None
+        if parent is None or row is None:
+            return None
+        index, _ = parse_step(row["parent"], row["step"])
+        live = parent.live_from is not None and index >= parent.live_from
+        plan = Plan(await Recording.load(self.pool, child_run_id(f"{parent.recording.run_id}:{index}:tool")),
+                    0 if live else None)
+        self.plans[run_id] = plan
+        return plan
 
     async def _answer(self, ctx: Context, event: Event, step: RecordedStep | None, problem: str | None) -> None:
         started = time.perf_counter()

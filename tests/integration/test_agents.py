@@ -112,6 +112,17 @@ async def test_a_parent_calls_two_children_at_once_then_hands_the_conversation_o
         "SELECT traceparent FROM runs WHERE run_id = $1 OR state->>'parent_run_id' = $1", run_id)}
     assert len(traces) == 1  # one trace spans the tree
 
+    # A recorded rerun re-executes the tree: its own children, each answered from the original child's record.
+    from agentstream.replay.rerun import rerun
+
+    replayed = await rerun(pipe.settings, run_id, options=WorkerOptions(backend="scripted"), timeout=60)
+    assert replayed.finished and replayed.result.answer == "refund issued" and replayed.same_decisions, \
+        replayed.diff.to_dict()
+    kids = await pool.fetch("SELECT status, answer FROM runs WHERE state->>'parent_run_id' = $1 "
+                            "ORDER BY state->>'parent_step_id'", replayed.run_id)
+    assert [(k["status"], k["answer"]) for k in kids] == [("completed", "You asked: the first charge"),
+                                                          ("completed", "You asked: the second charge")]
+
     # The session's next turn names triage again, and billing (to whom it was handed) answers.
     again = await pipe.client.submit("[[answer:still billing]] and now?", agent="triage", session=session)
     assert (await pipe.client.wait(again, timeout=30)).answer == "still billing"
