@@ -215,7 +215,7 @@ def fork(run_id: str,
 
 # -- diff -----------------------------------------------------------------------------------------
 
-def print_diff(d) -> None:
+def print_diff(d, depth: int = 0) -> None:
     styles = {"same": "green", "result": "yellow", "changed": "red", "only_a": "red", "only_b": "red"}
     table = Table("#", "kind", "status", d.run_a, d.run_b, "ms a", "ms b", "notes",
                   title=f"{d.run_a} vs {d.run_b}")
@@ -224,37 +224,47 @@ def print_diff(d) -> None:
         table.add_row(str(s.index), kind, f"[{styles[s.status]}]{s.status}[/{styles[s.status]}]",
                       escape(_short(s.decision_a or "-", 45)), escape(_short(s.decision_b or "-", 45)),
                       _ms(s.total_ms_a), _ms(s.total_ms_b), escape(_short("; ".join(s.notes), 50)))
-    console.print(table)
+    console.print(Padding(table, (0, 0, 0, 4 * depth)) if depth else table)
     verdict = "[red]decisions differ[/red]" if d.decisions_changed else "[green]same decisions[/green]"
-    console.print(f"outcome: {escape(repr(_short(d.outcome_a, 70)))} vs {escape(repr(_short(d.outcome_b, 70)))}"
-                  f" · {verdict}")
+    console.print(Padding(f"outcome: {escape(repr(_short(d.outcome_a, 70)))} vs "
+                          f"{escape(repr(_short(d.outcome_b, 70)))} · {verdict}", (0, 0, 0, 4 * depth)))
 
 
 @app.command()
 def diff(run_a: str, run_b: str, as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Align two runs' steps and show what differs; exit 1 when their decisions differ."""
-    from agentstream.streams.replay.diff import diff_runs
-    from agentstream.streams.replay.timeline import summaries
-    from agentstream.streams.store import db
-
-    async def go():
-        pool = await db.create_pool(_settings().database_url, min_size=1, max_size=2)
-        try:
-            return await summaries(pool, [run_a, run_b])
-        finally:
-            await pool.close()
-
-    found = _run(go())
+    """Align two runs' steps and show what differs, and under each step where both called a sub-agent, the
+    children's runs the same way; exit 1 when decisions differ anywhere in the tree."""
+    found = _run(_summaries(run_a, run_b))
     missing = [r for r in (run_a, run_b) if r not in found]
     if missing:
         err.print(f"[red]error:[/red] no run {', '.join(missing)}")
         raise typer.Exit(2)
-    d = diff_runs(found[run_a], found[run_b])
+    from agentstream.streams.replay.diff import diff_tree
+
+    tree = diff_tree(found[run_a], found[run_b], lambda a, b: _run(_summaries(a, b)))
     if as_json:
-        print(json.dumps(d.to_dict(), default=str))
+        print(json.dumps(tree.to_dict(), default=str))
     else:
-        print_diff(d)
-    raise typer.Exit(1 if d.decisions_changed else 0)
+        _print_tree_diff(tree)
+    raise typer.Exit(1 if tree.changed else 0)
+
+
+async def _summaries(*run_ids: str) -> dict:
+    from agentstream.streams.replay.timeline import summaries
+    from agentstream.streams.store import db
+
+    pool = await db.create_pool(_settings().database_url, min_size=1, max_size=2)
+    try:
+        return await summaries(pool, list(run_ids))
+    finally:
+        await pool.close()
+
+
+def _print_tree_diff(tree: Any, depth: int = 0) -> None:
+    print_diff(tree.run, depth)
+    for index, child in tree.children.items():
+        console.print(Padding(f"└ step {index}: the sub-agents' runs", (1, 0, 0, 4 * depth)))
+        _print_tree_diff(child, depth + 1)
 
 
 # -- window ---------------------------------------------------------------------------------------

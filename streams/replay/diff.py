@@ -13,7 +13,7 @@ Step dicts carry ``index``, ``kind``, ``status``, ``request``, ``result``, ``err
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -49,6 +49,8 @@ def decision(step: Mapping[str, Any]) -> Decision:
         if action.kind == "retrieve":
             return ("model", "retrieve", action.query or "")
         return ("model", "final_answer", action.answer or "")
+    if kind == "tool" and request.get("child_run_id"):  # a sub-agent's run: which agent, asked what
+        return ("agent", str(request.get("agent", "")), str(request.get("task", "")))
     if kind == "tool":
         return ("tool", str(request.get("tool", "")), _canon(request.get("arguments", {})))
     if kind in ("retrieval", "prefetch"):
@@ -193,6 +195,42 @@ def diff_runs(a: Mapping[str, Any], b: Mapping[str, Any]) -> RunDiff:
     oa, ob = outcome(a), outcome(b)
     return RunDiff(run_a=str(a.get("run_id", "")), run_b=str(b.get("run_id", "")), steps=out,
                    outcome_a=" ".join(oa), outcome_b=" ".join(ob), outcome_changed=oa != ob)
+
+
+@dataclass
+class TreeDiff:
+    """Two runs' diff and, under each step where both called a sub-agent, their children's (trees of
+    agents: services/planner/subagents.py)."""
+
+    run: RunDiff
+    children: dict[int, TreeDiff] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Decisions differ somewhere in the two trees."""
+        return bool(self.run.decisions_changed) or any(c.changed for c in self.children.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.run.to_dict(), "children": {i: c.to_dict() for i, c in self.children.items()}}
+
+
+def children_of(run: Mapping[str, Any]) -> dict[int, str]:
+    """A run summary's sub-agent calls: step index → the child run it started."""
+    return {s["index"]: s["request"]["child_run_id"] for s in run["steps"]
+            if isinstance(s.get("request"), Mapping) and s["request"].get("child_run_id")}
+
+
+def diff_tree(a: Mapping[str, Any], b: Mapping[str, Any],
+              load: Callable[[str, str], Mapping[str, Mapping[str, Any]]]) -> TreeDiff:
+    """``diff_runs`` of two runs, and recursively of the two children each step where both called a
+    sub-agent started (``load(child_a, child_b)``: their summaries by run id; one missing: not compared)."""
+    kids_a, kids_b = children_of(a), children_of(b)
+    children: dict[int, TreeDiff] = {}
+    for index in sorted(kids_a.keys() & kids_b.keys()):
+        found = load(kids_a[index], kids_b[index])
+        if kids_a[index] in found and kids_b[index] in found:
+            children[index] = diff_tree(found[kids_a[index]], found[kids_b[index]], load)
+    return TreeDiff(diff_runs(a, b), children)
 
 
 def _parallel(step: Mapping[str, Any]) -> str | None:

@@ -122,6 +122,16 @@ async def test_a_parent_calls_two_children_at_once_then_hands_the_conversation_o
                             "ORDER BY state->>'parent_step_id'", replayed.run_id)
     assert [(k["status"], k["answer"]) for k in kids] == [("completed", "You asked: the first charge"),
                                                           ("completed", "You asked: the second charge")]
+    # ... and replay diff compares the two trees step by step, children under their parents' steps.
+    from agentstream.streams.replay.diff import children_of, diff_tree
+    from agentstream.streams.replay.timeline import summaries
+
+    found = await summaries(pool, [run_id, replayed.run_id])
+    found.update(await summaries(pool, [*children_of(found[run_id]).values(),
+                                        *children_of(found[replayed.run_id]).values()]))
+    tree = diff_tree(found[run_id], found[replayed.run_id], lambda a, b: found)
+    assert sorted(tree.children) == [1, 2] and not tree.changed
+    assert [d.to_dict()["changed_steps"] for d in (c.run for c in tree.children.values())] == [[], []]
 
     # The session's next turn names triage again, and billing (to whom it was handed) answers.
     again = await pipe.client.submit("[[answer:still billing]] and now?", agent="triage", session=session)

@@ -89,3 +89,24 @@ def test_window_report_aggregates():
     assert report["tokens"]["delta"] == 0
     assert report["ttft_p50_ms"]["original"] == 20.0
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([], 0.5) is None
+
+
+def _call(index: int, child: str, task: str) -> dict:
+    return {"index": index, "kind": "tool", "status": "completed",
+            "request": {"agent": "research@1", "task": task, "child_run_id": child},
+            "result": {"ok": True, "result": "found"}, "error": None, "total_ms": 50.0}
+
+
+def test_two_trees_are_compared_child_by_child_under_their_parents_steps():
+    from agentstream.streams.replay.diff import diff_tree
+
+    ask = model(0, {"action": "tool", "tool": "agent__research", "arguments": {"task": "look"}})
+    answer = model(2, {"action": "final_answer", "answer": "42"})
+    runs = {"a": run("a", [ask, _call(1, "ca", "look"), answer]), "b": run("b", [ask, _call(1, "cb", "look"), answer]),
+            "ca": run("ca", calc("1 + 1", "2")), "cb": run("cb", calc("1 + 2", "3"))}
+    tree = diff_tree(runs["a"], runs["b"], lambda x, y: runs)
+    assert not tree.run.decisions_changed  # the parents decided the same ...
+    assert tree.changed and tree.children[1].run.changed_steps == [0, 1]  # ... their children did not
+    assert tree.to_dict()["children"][1]["run_b"] == "cb"
+    other = run("b", [ask, _call(1, "cb", "look elsewhere"), answer])
+    assert diff_tree(runs["a"], other, lambda x, y: {}).run.changed_steps == [1]  # a sub-agent asked otherwise
