@@ -74,29 +74,39 @@ def show(run_id: str,
     if tl is None:
         err.print(f"[red]error:[/red] no run {run_id}")
         raise typer.Exit(2)
+    children = _children(tl, lambda child: _run(tl_mod.show(_settings(), child, check=not no_kafka)))
     if html is not None:
         from agentstream.replay.html import render
 
-        html.write_text(render(tl), encoding="utf-8")
+        html.write_text(render(tl, children), encoding="utf-8")
     if as_json:
         print(json.dumps(tl.as_dict(), default=str))
         return
-    print_tree(tl, lambda child: _run(tl_mod.show(_settings(), child, check=not no_kafka)))
+    print_tree(tl, children)
     if html is not None:
         console.print(f"timeline written to {html}")
 
 
-def print_tree(tl, load, depth: int = 0) -> None:
-    """The run's timeline, and under each of its sub-agent calls the child run's, indented (a tree of
-    agents: services/planner/subagents.py)."""
-    print_timeline(tl, depth)
+def _children(tl, load) -> dict:
+    """The timelines of the sub-agents' runs ``tl``'s steps started, and theirs (a tree of agents:
+    services/planner/subagents.py): step index → (timeline, its children)."""
+    out = {}
     for s in tl.steps:
         child = s.request.get("child_run_id") if s.kind == "tool" else None
         sub = load(child) if child else None
         if sub is not None:
-            console.print(Padding(f"└ step {s.index} ran {escape(s.request.get('agent') or 'an agent')} as run {child}:",
-                                  (1, 0, 0, 4 * depth)))
-            print_tree(sub, load, depth + 1)
+            out[s.index] = (sub, _children(sub, load))
+    return out
+
+
+def print_tree(tl, children: dict, depth: int = 0) -> None:
+    """The run's timeline, and under each of its sub-agent calls the child run's, indented."""
+    print_timeline(tl, depth)
+    for index, (sub, grandchildren) in children.items():
+        step = next(s for s in tl.steps if s.index == index)
+        console.print(Padding(f"└ step {index} ran {escape(step.request.get('agent') or 'an agent')} as run "
+                              f"{sub.run['run_id']}:", (1, 0, 0, 4 * depth)))
+        print_tree(sub, grandchildren, depth + 1)
 
 
 def print_timeline(tl, depth: int = 0) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 
 from agentstream.cli.approvals import OPERATOR_READER
@@ -127,7 +128,8 @@ def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Prin
 
     async def go() -> Mapping[str, Any] | None:
         async with AgentClient(Settings.load(identity=identity)) as client:
-            return await client.status(run_id)
+            found = await client.status(run_id)
+            return await _with_children(client, found) if found is not None else None
 
     details = asyncio.run(go())
     if details is None:
@@ -140,8 +142,20 @@ def status(run_id: str, as_json: bool = typer.Option(False, "--json", help="Prin
         print_run(details)
 
 
-def print_run(details: Mapping[str, Any]) -> None:
-    """The run's steps as a table, then its answer or error."""
+async def _with_children(client: Any, details: Mapping[str, Any]) -> dict[str, Any]:
+    """``details`` with ``children``: the status of each sub-agent run its steps started (step index →
+    the child's details, with its own children: a tree of agents, services/planner/subagents.py)."""
+    children = {}
+    for step in details["steps"]:
+        request = step["request"] if isinstance(step["request"], Mapping) else {}
+        child = await client.status(request["child_run_id"]) if request.get("child_run_id") else None
+        if child is not None:
+            children[step["step_index"]] = await _with_children(client, child)
+    return {**details, "children": children}
+
+
+def print_run(details: Mapping[str, Any], depth: int = 0) -> None:
+    """The run's steps as a table, then its answer or error, and under each sub-agent call its child's."""
     table = Table("#", "kind", "status", "request", "result", "ms", title=f"{details['run_id']} · {details['status']}")
     for step in details["steps"]:
         ms = ""
@@ -149,9 +163,13 @@ def print_run(details: Mapping[str, Any]) -> None:
             ms = f"{(step['completed_at'] - step['requested_at']).total_seconds() * 1000:.0f}"
         table.add_row(str(step["step_index"]), step["kind"], step["status"], short(step["request"]),
                       short(step["result"] if step["error"] is None else {"error": step["error"]}), ms)
-    console.print(table)
+    console.print(Padding(table, (0, 0, 0, 4 * depth)))
     if details["status"] == "completed":
-        console.print(f"[green]answer:[/green] {details['answer']}")
+        console.print(Padding(f"[green]answer:[/green] {escape(str(details['answer']))}", (0, 0, 0, 4 * depth)))
     elif details["status"] == "failed":
-        console.print(f"[red]failed ({details['error_code']}):[/red] {details['error']}")
+        console.print(Padding(f"[red]failed ({details['error_code']}):[/red] {escape(str(details['error']))}",
+                              (0, 0, 0, 4 * depth)))
+    for index, child in (details.get("children") or {}).items():
+        console.print(Padding(f"└ step {index} started sub-agent run {child['run_id']}:", (1, 0, 0, 4 * depth)))
+        print_run(child, depth + 1)
 

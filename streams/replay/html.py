@@ -16,8 +16,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from html import escape
-from typing import Any
+from typing import Any, TypeAlias
 
 from agentstream.streams.replay.records import LANES, Step, Timeline
 
@@ -120,6 +121,9 @@ def _detail(s: Step) -> tuple[str, str]:
     if s.kind == "model":
         return (f"{s.request.get('messages', '')} messages, model {s.request.get('model') or '-'}",
                 _short(r.get("text", "")))
+    if s.kind == "tool" and s.request.get("child_run_id"):  # a sub-agent's run
+        return (f"{s.request.get('agent')}: {_short(s.request.get('task'))} (run {s.request['child_run_id']})",
+                _short(r.get("result")) if r.get("ok") else "")
     if s.kind == "tool":
         return (f"{s.request.get('tool')}({_short(s.request.get('arguments', {}))})",
                 _short(r.get("result")) if r.get("ok") else "")
@@ -165,8 +169,29 @@ def _events(tl: Timeline) -> str:
     return f"<table>{''.join(rows)}</table>"
 
 
-def render(tl: Timeline) -> str:
-    """The whole page."""
+#: A tree of agents' timelines under a run: step index → (the child's timeline, its own children).
+Children: TypeAlias = Mapping[int, tuple[Timeline, "Children"]]
+
+
+def render(tl: Timeline, children: Children | None = None) -> str:
+    """The whole page; ``children``: the timelines of the sub-agents' runs its steps started, drawn after
+    the run's own, each under a heading naming the step (services/planner/subagents.py)."""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(tl.run["run_id"])} timeline'
+            f'</title><style>{_CSS}</style></head><body>{_body(tl)}{_children(children or {})}'
+            f'<script>{_JS}</script></body></html>')
+
+
+def _children(children: Children, depth: int = 1) -> str:
+    out = []
+    for index, (child, grandchildren) in children.items():
+        out.append(f'<section style="margin-left:{24 * depth}px;border-left:3px solid #cbd5e1;padding-left:12px">'
+                   f'<h2 style="font-size:15px;margin:18px 0 4px">└ step {index} ran a sub-agent</h2>'
+                   f'{_body(child)}{_children(grandchildren, depth + 1)}</section>')
+    return "".join(out)
+
+
+def _body(tl: Timeline) -> str:
+    """One run's heading, budget, timeline, steps and events."""
     run = tl.run
     outcome = (f'<span class="ok">answer: {escape(_short(run["answer"] or "", 200))}</span>'
                if run["status"] == "completed"
@@ -180,17 +205,14 @@ def render(tl: Timeline) -> str:
               '<span><i style="background:#475569"></i>compute / planner work</span>'
               f'<span><i style="background:{TRANSPORT}"></i>transport back to the planner</span>'
               '<span>(click a bar for its step)</span></div>')
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(run["run_id"])} timeline'
-            f'</title><style>{_CSS}</style></head><body>'
-            f'<h1>{escape(run["run_id"])} · {escape(run["status"])}{replay}</h1>'
+    return (f'<h1>{escape(run["run_id"])} · {escape(run["status"])}{replay}</h1>'
             f'<p class="sub">{escape(_short(run["task"], 300))}<br>{outcome} · {len(tl.steps)} steps · '
             f'tokens {totals["prompt_tokens"]} prompt / {totals["completion_tokens"]} completion '
             f'({totals["cached_prompt_tokens"]} cached) · TTFT p50 {_fmt(totals["ttft_p50_ms"])} ms · '
             f'Kafka check: {escape(counts)}</p>'
             f'{_budget(tl)}<h2 style="font-size:15px;margin:14px 0 4px">Timeline</h2>{legend}{gantt(tl)}'
             f'<h2 style="font-size:15px;margin:14px 0 0">Steps</h2>{_steps(tl)}'
-            f'<h2 style="font-size:15px;margin:14px 0 0">Events</h2>{_events(tl)}'
-            f'<script>{_JS}</script></body></html>')
+            f'<h2 style="font-size:15px;margin:14px 0 0">Events</h2>{_events(tl)}')
 
 
 def script_source() -> str:
@@ -199,4 +221,4 @@ def script_source() -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode() + "'"
 
 
-__all__ = ["BUDGET_COLOURS", "LANE_COLOURS", "TRANSPORT", "gantt", "render", "script_source"]
+__all__ = ["BUDGET_COLOURS", "LANE_COLOURS", "TRANSPORT", "Children", "gantt", "render", "script_source"]

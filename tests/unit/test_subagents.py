@@ -162,3 +162,25 @@ def test_a_turn_that_was_handed_over_remembers_both_agents_and_reads_back():
     assert Turn.from_dict(turn.to_dict()) == turn and turn.to_dict()["handed_from"] == "triage@1"
     plain = Turn.of("t", "hi", "{}", "ok", agent="triage@1")
     assert "agent" not in plain.to_dict() and plain.agent is None  # only a handed-over turn records it
+
+
+def test_the_html_timeline_draws_each_childs_run_under_its_parents_step():
+    from datetime import UTC, datetime
+
+    from agentstream.streams.replay.html import render
+    from agentstream.streams.replay.records import Step, Timeline
+
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+
+    def timeline(run_id: str, steps: list[Step]) -> Timeline:
+        run = {"run_id": run_id, "status": "completed", "task": "t", "step_count": len(steps), "answer": "a",
+               "error_code": None, "error": None, "submitted_at": now, "updated_at": now, "finished_at": now,
+               "replay_of": None}
+        return Timeline(run=run, steps=steps, events=[])  # type: ignore[arg-type]
+
+    call = Step(index=1, kind="tool", step_id="p:1:tool", status="completed", result={"ok": True, "result": "x"},
+                request={"agent": "research@1", "task": "look", "child_run_id": "run-child"}, error=None,
+                requested_at=now, completed_at=now)
+    page = render(timeline("p", [call]), {1: (timeline("run-child", []), {})})
+    assert page.count("<h1>") == 2 and "step 1 ran a sub-agent" in page and "research@1: look (run run-child)" in page
+    assert render(timeline("p", [call])).count("<h1>") == 1  # no tree given: the run alone
