@@ -11,7 +11,7 @@ import typer
 import yaml
 
 from agentstream.cli import app
-from agentstream.deploy import manifests, render, values
+from agentstream.deploy import gateway, manifests, render, values
 from agentstream.services.gateway.metrics import GatewayMetrics
 from agentstream.services.gateway.settings import GatewaySettings
 from agentstream.streams.core.errors import ConfigError
@@ -265,7 +265,7 @@ def test_the_gateway_is_a_probed_deployment_behind_a_service():
     assert {"configMapRef": {"name": "agentstream-config"}} in container["envFrom"]  # the broker, the database
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9000"  # /metrics is on the API's port
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
-    assert pod["spec"]["terminationGracePeriodSeconds"] >= 5 + manifests.GATEWAY_SHUTDOWN_GRACE_S
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 5 + gateway.GATEWAY_SHUTDOWN_GRACE_S
     service = objects["Service"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert service["spec"]["ports"] == [{"name": "http", "port": 8443, "targetPort": "http", "protocol": "TCP"}]
@@ -292,7 +292,7 @@ def test_the_gateway_autoscales_on_its_request_rate_or_on_cpu():
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "agentstream-gateway"}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
     assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
-        "metric": {"name": manifests.GATEWAY_RATE_METRIC},
+        "metric": {"name": gateway.GATEWAY_RATE_METRIC},
         "target": {"type": "AverageValue", "averageValue": "40"}}}]
     assert "behavior" not in hpa["spec"]
     cpu = _gateway_objects("services.gateway.autoscaling.metric=cpu", "services.gateway.autoscaling.cpuUtilization=60",
@@ -318,14 +318,14 @@ def test_the_rate_the_hpa_reads_is_the_gateways_counter_through_the_documented_a
     the rule in docs/deploy.md turns the one into the other."""
     metrics = GatewayMetrics(streams_open=lambda: 0, in_flight=lambda: 0)
     samples = {s.name for family in metrics.registry.collect() for s in family.samples}
-    assert manifests.GATEWAY_REQUESTS_SERIES in samples
+    assert gateway.GATEWAY_REQUESTS_SERIES in samples
     docs = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
     [block] = [b for b in re.findall(r"```yaml\n(.*?)```", docs, re.S) if "seriesQuery" in b]
     [rule] = yaml.safe_load(block)["rules"]["custom"]
-    assert rule["seriesQuery"].startswith(manifests.GATEWAY_REQUESTS_SERIES + "{")
+    assert rule["seriesQuery"].startswith(gateway.GATEWAY_REQUESTS_SERIES + "{")
     assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    renamed = re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), manifests.GATEWAY_REQUESTS_SERIES)
-    assert renamed == manifests.GATEWAY_RATE_METRIC
+    renamed = re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), gateway.GATEWAY_REQUESTS_SERIES)
+    assert renamed == gateway.GATEWAY_RATE_METRIC
     assert "rate(<<.Series>>" in rule["metricsQuery"]
     # …and the scrape configuration gives every series the namespace and pod labels the rule maps
     k8s = yaml.safe_load((Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "prometheus-k8s.yml").read_text())
@@ -337,7 +337,7 @@ def test_the_gateway_settings_are_the_variables_the_gateway_reads(monkeypatch):
     given = {"ratePerS": 7.5, "burst": 9, "maxInFlight": 11, "maxStreams": 13, "streamQueue": 17, "keepaliveS": 3.0,
              "maxBodyBytes": 2048, "authCacheS": 5.0, "agents": ["a1", "a2"], "defaultTenant": "acme",
              "chatMaxSteps": 4, "chatDeadlineS": 60.0, "unknownRunWaitS": 1.5, "historyEvents": 1000, "historyS": 30.0}
-    assert {manifests._snake(k) for k in given} == set(manifests.GATEWAY_SETTINGS)  # every setting is tried
+    assert {gateway._snake(k) for k in given} == set(gateway.GATEWAY_SETTINGS)  # every setting is tried
     v = values.load()
     v["services"]["gateway"]["settings"] = given
     container = _named(manifests.render(v), "Deployment", "agentstream-gateway")["spec"]["template"]["spec"]["containers"][0]
@@ -346,7 +346,7 @@ def test_the_gateway_settings_are_the_variables_the_gateway_reads(monkeypatch):
             monkeypatch.setenv(name, str(value))
     loaded = GatewaySettings.load()
     for key, value in given.items():
-        assert getattr(loaded, manifests._snake(key)) == (tuple(value) if isinstance(value, list) else value), key
+        assert getattr(loaded, gateway._snake(key)) == (tuple(value) if isinstance(value, list) else value), key
     assert (loaded.host, loaded.port) == ("0.0.0.0", 8080)
     with pytest.raises(ConfigError, match="not a gateway setting"):
         manifests.render(values.load(sets=["services.gateway.settings.ratePerSecond=5"]))
@@ -386,4 +386,4 @@ def test_the_gateway_can_use_its_own_database_login_and_shuts_down_within_its_gr
     assert "DATABASE_URL" not in _env(shared)
     settings = Settings(kafka_bootstrap="127.0.0.1:1", database_url="postgresql://nobody@127.0.0.1:1/none")
     uvicorn_server = server(settings, GatewaySettings())
-    assert uvicorn_server.config.timeout_graceful_shutdown == manifests.GATEWAY_SHUTDOWN_GRACE_S
+    assert uvicorn_server.config.timeout_graceful_shutdown == gateway.GATEWAY_SHUTDOWN_GRACE_S
