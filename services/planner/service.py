@@ -35,6 +35,7 @@ from agentstream.services.planner.admission import Admission
 from agentstream.services.planner.cache import FINISHED_SIZE, RunCache
 from agentstream.services.planner.leases import Leases
 from agentstream.services.planner.publishing import RESULT_TYPES, Outputs
+from agentstream.services.planner.refusals import Refusals
 from agentstream.services.planner.sessions import Sessions
 from agentstream.services.planner.snapshots import SnapshotPacer
 from agentstream.services.planner.state import RunState
@@ -98,6 +99,8 @@ class Planner:
                                sweep_interval_s=sweep_interval_s)
         #: Runs with results put aside (``_wait_for_request``): resolved by the run's next transition.
         self._advanced: dict[str, asyncio.Future[None]] = {}
+        #: Intake records it dead-letters: their producers are told (services/planner/refusals.py).
+        self.refusals = Refusals(self)
 
     @property
     def assigned(self) -> set[int]:
@@ -108,7 +111,7 @@ class Planner:
         topics = self.runtime.topics
         config = ServiceConfig(name="planner", topics=topics.planner_inputs, group_id=topics.group("planner"),
                                concurrency=concurrency, route_by_run=True, order_keys=self.sessions.order_keys,
-                               **overrides)
+                               on_rejected=self.refusals.rejected, **overrides)
         self.runner = ServiceRunner(self.runtime, config, self.handle, on_assigned=self.leases.on_assigned,
                                     on_revoked=self.leases.on_revoked)
         return self.runner

@@ -5,7 +5,7 @@ Shared by the decode step and the retry policy (``middleware/decode.py``, ``midd
 from __future__ import annotations
 
 import asyncio
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
@@ -72,11 +72,13 @@ class Rejector:
     the dead-letter topic itself is gone, and the runner stops rather than commit past the record."""
 
     def __init__(self, runtime: Runtime, service: str, stats: MutableMapping[str, int],
-                 metrics: ServiceMetrics | None) -> None:
+                 metrics: ServiceMetrics | None,
+                 on_rejected: Callable[[Record, str, str], Awaitable[None]] | None = None) -> None:
         self.runtime = runtime
         self.service = service
         self.stats = stats
         self.metrics = metrics
+        self.on_rejected = on_rejected
 
     async def __call__(self, record: Record, value: bytes | None, kind: DeadLetterKind, reason: str,
                        run_id: str | None = None) -> None:
@@ -90,6 +92,8 @@ class Rejector:
         self.stats["dead_lettered"] += 1
         if self.metrics is not None:
             self.metrics.dead_letter(kind).inc()
+        if self.on_rejected is not None:
+            await self.on_rejected(record, kind, reason)
 
 
 __all__ = ["PartitionHolds", "Rejector"]

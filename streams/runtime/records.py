@@ -65,6 +65,10 @@ class ServiceConfig:
     #: More keys a record is ordered by, besides its Kafka key: it is handled after every earlier record
     #: that shares one of them (the planner: a turn of a session after the session's earlier turns).
     order_keys: Callable[[Record], Sequence[bytes]] | None = None
+    #: Told of every record this service dead-letters (after the letter is published): the planner
+    #: answers a task that could not become a run with a ``RunFailed``, so its producer is not left
+    #: waiting (services/planner/refusals.py).
+    on_rejected: Callable[[Record, str, str], Awaitable[None]] | None = None
 
 
 def is_retriable(exc: BaseException) -> bool:

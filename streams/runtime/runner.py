@@ -114,7 +114,7 @@ class ServiceRunner:
         optional ones only when this process has what they record into."""
         cfg, runtime, metrics, stats = self.config, self.runtime, self._metrics, self.stats
         name = cfg.name
-        reject = Rejector(runtime, name, stats, metrics)
+        reject = Rejector(runtime, name, stats, metrics, cfg.on_rejected)
         timing = StageTiming(runtime.stages, name) if runtime.stages is not None else None
         chain: list[Middleware | None] = [
             timing.record if timing else None,

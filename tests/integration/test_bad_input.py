@@ -152,3 +152,22 @@ async def test_one_transitions_bad_data_does_not_fail_the_others(pipe):
     assert isinstance(outcomes[3], TransitionRejected) and ids[3] in str(outcomes[3])
     written = await (await pipe.client.pool()).fetchval("SELECT count(*) FROM runs WHERE run_id = ANY($1)", ids)
     assert written == 5
+
+
+async def test_a_producer_whose_task_cannot_be_read_is_told_on_agent_outcomes(pipe):
+    """An unreadable record keyed by a new run id: dead-lettered, and its producer gets a RunFailed for that
+    run (it would otherwise wait forever); one keyed by a live run does not end that run."""
+    await pipe.client.watch_outcomes()
+    refused = new_run_id()
+    live = await pipe.client.submit("[[slow:1500]] [[answer:still here]]", tools=[], prefetch=False)
+    producer = AIOKafkaProducer(bootstrap_servers=pipe.settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        for key in (refused, live):  # not Avro at all: no magic byte, no schema id
+            await producer.send_and_wait(pipe.client.topics.tasks, b"{not avro}", key=key.encode())
+    finally:
+        await producer.stop()
+    result = await pipe.client.wait(refused, timeout=30)
+    assert (result.status, result.error_code) == ("failed", "invalid_task"), result
+    assert "could not become a run" in (result.error or "") and "dead-lettered" in (result.error or "")
+    assert (await pipe.client.wait(live, timeout=30)).answer == "still here"  # the live run was not ended
