@@ -31,7 +31,8 @@ def token_create(
     tenant: str = typer.Option(..., "--tenant", help="The tenant the token acts for (its cell: topic prefix "
                                                      "TENANT.; the gateway's default tenant is its own prefix)."),
     role: str = typer.Option(..., "--role", help="submitter (submit, cancel, read), approver (approve/deny, "
-                                                 "read) or reader (read)."),
+                                                 "read), operator (dead letters: browse, re-drive; read) or "
+                                                 "reader (read)."),
     name: str = typer.Option("", "--name", help="What it is for; recorded as the approver of its decisions."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with the token)."),
 ) -> None:
@@ -47,7 +48,7 @@ def token_create(
     try:
         chosen = Role(role)
     except ValueError:
-        err.print(f"[red]error:[/red] role {escape(role)!r}: submitter, approver or reader")
+        err.print(f"[red]error:[/red] role {escape(role)!r}: submitter, approver, operator or reader")
         raise typer.Exit(2) from None
 
     async def go():

@@ -126,6 +126,10 @@ def acl_bindings(topics: Topics, *, client: str = "client") -> list[AclBinding]:
     allow("client", Operation.READ, topics.runs)  # "the latest state of every run, for anyone to read"
     for results in (topics.inference_results, topics.tool_results, topics.retrieval_results):
         allow("gateway", Operation.READ, results)  # a run's steps, in its SSE stream (services/gateway/hub.py)
+    # An operator token's dead-letter page (/v1/dead-letters, services/gateway/routes_dlq.py) reads the cell's
+    # letters. Re-driving them would take the operator's WRITE on every redrivable topic (results included),
+    # which the gateway is not given: on the secure stack a re-drive through it is refused by the broker.
+    allow("gateway", Operation.READ, topics.dlq)
     for service in GROUPED:
         allow(service, Operation.READ, topics.group(service), Resource.GROUP)
     for who in PRINCIPALS:

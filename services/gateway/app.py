@@ -19,7 +19,7 @@ from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentstream.services.gateway import problems, routes_console, routes_openai, routes_runs
+from agentstream.services.gateway import problems, routes_console, routes_dlq, routes_openai, routes_runs
 from agentstream.services.gateway.auth import Verify
 from agentstream.services.gateway.limits import BodyLimit, Slots
 from agentstream.services.gateway.problems import Problem, problem_response
@@ -100,6 +100,7 @@ def create_app(settings: Settings, config: GatewaySettings | None = None, *, ver
     app.include_router(routes_runs.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_console.router)
+    app.include_router(routes_dlq.router)
     routes_console.mount(app)  # the web console, /console/
 
     @app.get("/healthz", include_in_schema=False)

@@ -24,7 +24,7 @@ Verify = Callable[[str], Awaitable[Principal | None]]
 
 #: The OpenAPI document's security scheme; ``auto_error=False``: a missing token is our 401, as problem+json.
 bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
-                    description="A token from `agentstream token create --tenant T --role submitter|approver|reader`.")
+                    description="A token from `agentstream token create --tenant T --role submitter|approver|operator|reader`.")
 _CHALLENGE = 'Bearer realm="agentstream"'
 
 
@@ -83,5 +83,6 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
 Reader = Annotated[Principal, Depends(require(Role.READER))]
 Approver = Annotated[Principal, Depends(require(Role.APPROVER))]
 Submitter = Annotated[Principal, Depends(require(Role.SUBMITTER))]
+Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 
-__all__ = ["Approver", "Authenticator", "Reader", "Submitter", "Verify", "bearer", "require"]
+__all__ = ["Approver", "Authenticator", "Operator", "Reader", "Submitter", "Verify", "bearer", "require"]

@@ -64,7 +64,7 @@ class WhoAmI(BaseModel):
     """The caller's token: its tenant, role, id and name (never its secret)."""
 
     tenant: str
-    role: Literal["reader", "approver", "submitter"]
+    role: Literal["reader", "approver", "submitter", "operator"]
     token_id: str
     name: str
 

@@ -215,7 +215,9 @@ async def _decide(gateway: GatewayDep, tenant: str, by: str, run_id: str, step_i
             raise Problem(409, f"run {run_id} does not wait for approval at step {step_id}; nothing was sent "
                                "(GET /v1/approvals lists the calls waiting)", slug="not-awaiting-approval")
     reason = body.reason if body else ""
-    decision = await (client.approve if approved else client.deny)(run_id, step_id, reason=reason, by=by)
+    # recorded as the token's (migration 0021), not as the gateway's login
+    decision = await (client.approve if approved else client.deny)(run_id, step_id, reason=reason, by=by,
+                                                                    record_by=True)
     return DecisionView(run_id=run_id, step_id=step_id, approved=decision.approved, as_asked=decision.as_asked,
                         reason=decision.reason, decided_by=decision.decided_by, decided_at=decision.decided_at,
                         recorded=decision.recorded, earlier=decision.earlier)

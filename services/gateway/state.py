@@ -58,7 +58,9 @@ class Gateway:
         await self.cells.close()
 
 
-def gateway_of(request: Request) -> Gateway:
+async def gateway_of(request: Request) -> Gateway:
+    """The replica's state. ``async`` on purpose: FastAPI runs a plain ``def`` dependency in a worker thread,
+    a thread hop (~0.1-0.3 ms on a busy machine) on every request."""
     gateway: Gateway = request.app.state.gateway
     return gateway
 

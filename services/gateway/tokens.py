@@ -27,13 +27,16 @@ _ID_CHARS = 12
 
 
 class Role(StrEnum):
-    """What a token may do, each including the one below: a ``reader`` reads (GET), an ``approver`` also
-    decides on tool calls waiting for a person, a ``submitter`` also submits and cancels runs and deletes
-    sessions. Approving is not a submitter's right: who asks for a refund should not approve it."""
+    """What a token may do: a ``reader`` reads (GET); an ``approver`` also decides on tool calls waiting
+    for a person; a ``submitter`` also submits and cancels runs and deletes sessions; an ``operator`` also
+    browses and re-drives its tenant's dead letters. Approving is not a submitter's right (who asks for a
+    refund should not approve it), and neither is the operator's: re-driving a record is repairing the
+    pipeline, not taking part in a run (docs/gateway.md, "Auth")."""
 
     READER = "reader"
     APPROVER = "approver"
     SUBMITTER = "submitter"
+    OPERATOR = "operator"
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,7 @@ class Principal:
     def may(self, needed: Role) -> bool:
         if needed is Role.READER:
             return True
-        if needed is Role.APPROVER:
-            return self.role is Role.APPROVER
-        return self.role is Role.SUBMITTER
+        return self.role is needed
 
 
 @dataclass(frozen=True)

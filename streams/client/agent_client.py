@@ -258,37 +258,50 @@ class AgentClient:
                                          reason=reason, requested_by="client")
         await (await self.runtime.send(self.topics.tasks, event))
 
-    async def approve(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> Decision:
+    async def approve(self, run_id: str, step_id: str, reason: str = "", by: str = "", *,
+                      record_by: bool = False) -> Decision:
         """Let the tool call waiting at ``step_id`` run. Returns the decision that holds (``Decision``:
-        an earlier denial stands over this approval)."""
-        return await self._decide(run_id, step_id, True, reason, by)
+        an earlier denial stands over this approval). ``record_by``: see ``_decide``."""
+        return await self._decide(run_id, step_id, True, reason, by, record_by)
 
-    async def deny(self, run_id: str, step_id: str, reason: str = "", by: str = "") -> Decision:
+    async def deny(self, run_id: str, step_id: str, reason: str = "", by: str = "", *,
+                   record_by: bool = False) -> Decision:
         """Refuse the tool call waiting at ``step_id``; the model is told, with the reason. Returns the
         decision that holds (``Decision``: an earlier approval stands over this denial)."""
-        return await self._decide(run_id, step_id, False, reason, by)
+        return await self._decide(run_id, step_id, False, reason, by, record_by)
 
-    async def _decide(self, run_id: str, step_id: str, asked: bool, reason: str, by: str) -> Decision:
+    async def _decide(self, run_id: str, step_id: str, asked: bool, reason: str, by: str,
+                      record_by: bool = False) -> Decision:
         """With ``approvals = recorded`` the decision is first recorded under this client's own database
         login (``agentstream_decide``: who decided is the login, ``by`` is ignored; the first decision on a
         step stands; a step the run does not wait at is refused), then the decision that stands is
-        announced; the planner acts on the record. With ``open``, announced only."""
+        announced; the planner acts on the record. With ``open``, announced only. ``record_by`` (the HTTP
+        gateway, for its token ``by``, ``gateway:<tenant>:<token>``): recorded as ``by`` where the login is
+        the gateway's (``agentstream_decide_as``, migration 0021), else under the login as above."""
         decision = Decision(run_id=run_id, step_id=step_id, asked=asked, approved=asked, reason=reason,
                             decided_by=by or "client", decided_at=None, recorded=False)
         if self.settings.approvals == "recorded":
-            decision = await self._record(decision)
+            decision = await self._record(decision, as_by=record_by and bool(by))
         event = ApprovalDecided.build(run_id=run_id, step=step_id, service="client", approved=decision.approved,
                                       reason=decision.reason, decided_by=decision.decided_by)
         await (await self.runtime.send(self.topics.tasks, event))
         return decision
 
-    async def _record(self, asked: Decision) -> Decision:
-        """``agentstream_decide``: the decision recorded on the step, by this call or an earlier one."""
+    async def _record(self, asked: Decision, *, as_by: bool = False) -> Decision:
+        """``agentstream_decide``: the decision recorded on the step, by this call or an earlier one.
+        ``as_by``: ``agentstream_decide_as``, recording ``asked.decided_by``, first (the gateway's login)."""
         login = urlsplit(self.settings.database_url).username or "?"
         with _database():
             try:
-                row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
-                                                         asked.run_id, asked.step_id, asked.asked, asked.reason)
+                row = None
+                if as_by:
+                    with contextlib.suppress(asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedFunctionError):
+                        row = await (await self.pool()).fetchrow(
+                            "SELECT * FROM agentstream_decide_as($1, $2, $3, $4, $5)", asked.run_id, asked.step_id,
+                            asked.asked, asked.reason, asked.decided_by)
+                if row is None:  # not the gateway's login: recorded under the login
+                    row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
+                                                             asked.run_id, asked.step_id, asked.asked, asked.reason)
             except asyncpg.InsufficientPrivilegeError:
                 row = None  # not granted the function: not an approver
             except asyncpg.PostgresError as exc:

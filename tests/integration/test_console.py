@@ -6,6 +6,7 @@ From the page: enter a submitter's token, submit a task whose first step calls `
 waits for a person), watch the model's tokens arrive in the run's live view, change to an approver's token
 (a submitter may not approve), approve the call from the approvals page, watch the answer stream in, see
 it, its steps and its timeline, then save a screenshot and check it is a drawn page, not a blank one.
+Last, with an operator's token, the dead letter of an undecodable task is listed, shown and re-driven.
 Skipped, saying why, without chromium or chromedriver (``.ci/run`` installs both)."""
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
+from agentstream.streams.kafka.topics import Topics
 from tests.integration import test_gateway
 from tests.integration.test_gateway import Door
 from tests.integration.test_replay import _png_rgb
@@ -61,7 +64,32 @@ return {status: document.querySelector('#run-status').textContent, tokens: Numbe
         error: document.querySelector('#run-error').textContent}"""
 
 
-def _drive(door: Door, browser: tuple[str, str], out: Path) -> dict[str, Any]:
+async def _dead_letter(door: Door) -> int:
+    """An undecodable record on the cell's tasks topic, which the planner dead-letters: the letter's offset,
+    once ``GET /v1/dead-letters`` (an operator's) lists it."""
+    settings = door.pipe.settings
+    tasks = Topics.of(settings).tasks
+    producer = AIOKafkaProducer(**settings.kafka_options())
+    await producer.start()
+    try:
+        await producer.send_and_wait(tasks, b"not an event: the console's dead letter", key=b"console", partition=0)
+    finally:
+        await producer.stop()
+    async with httpx.AsyncClient(timeout=30) as client:
+        deadline = time.monotonic() + 15
+        while True:
+            response = await client.get(f"{door.url}/v1/dead-letters", params={"kind": "undecodable"},
+                                        headers=door.auth("operator"))
+            assert response.status_code == 200, response.text
+            mine = [row["offset"] for row in response.json()["letters"]
+                    if row["source_topic"] == tasks and row["redrive_of"] is None]
+            if mine:
+                return int(mine[-1])
+            assert time.monotonic() < deadline, "the undecodable task was not dead-lettered"
+            await asyncio.sleep(0.1)
+
+
+def _drive(door: Door, browser: tuple[str, str], out: Path, letter: int | None = None) -> dict[str, Any]:
     """The browser's part (blocking: run in a thread while the event loop serves the gateway)."""
     options = Options()
     options.binary_location = browser[0]
@@ -154,6 +182,16 @@ def _drive(door: Door, browser: tuple[str, str], out: Path) -> dict[str, Any]:
         time.sleep(0.2)  # the frame's first paint
         seen["screenshot"] = out / "console.png"
         assert driver.save_screenshot(str(seen["screenshot"]))
+
+        if letter is not None:  # an operator's page: the dead letter listed, shown and re-driven
+            find(By.ID, "forget").click()
+            sign_in("operator")
+            find(By.LINK_TEXT, "Dead letters").click()
+            _until("the letter in the list", lambda: shown(By.CSS_SELECTOR, f"tr[data-letter='{letter}'] a")).click()
+            seen["letter"] = _until("the letter shown", lambda: "undecodable" in find(By.ID, "letter-fields").text
+                                    and find(By.ID, "letter-fields").text)
+            find(By.ID, "letter-redrive").click()
+            seen["redriven"] = _until("the re-drive", lambda: find(By.ID, "letter-result").text)
         seen["console_errors"] = [e for e in driver.get_log("browser")  # script errors, policy violations
                                   if e["level"] == "SEVERE" and e.get("source") != "network"]
         return seen
@@ -166,7 +204,8 @@ async def test_the_console_submits_streams_approves_and_shows_the_answer_in_chro
     if browser is None:
         pytest.skip("chromium or chromedriver is not installed (apt-get install chromium chromium-driver; "
                     ".ci/run does)")
-    seen = await asyncio.to_thread(_drive, door, browser, tmp_path)
+    letter = await _dead_letter(door)
+    seen = await asyncio.to_thread(_drive, door, browser, tmp_path, letter)
 
     assert "approved by gateway:default:test-approver" in seen["notice"], seen["notice"]
     final = seen["final"]
@@ -176,6 +215,8 @@ async def test_the_console_submits_streams_approves_and_shows_the_answer_in_chro
     assert seen["partial"], "the answer's tokens were never seen arriving"
     assert seen["lanes"] == 4  # the timeline's lanes: planner, inference, tools, retrieval
     assert seen["token_kept"]
+    assert "console's dead letter" in seen["letter"] and "planner" in seen["letter"], seen["letter"]
+    assert seen["redriven"].startswith("redriven:"), seen["redriven"]
     assert seen["listed"] and set(seen["listed"]) == {"completed"}, seen["listed"]  # filtered by status
     assert not seen["console_errors"], seen["console_errors"]  # no script error, no policy violation
     result = await door.pipe.client.wait(seen["run_id"], timeout=10)

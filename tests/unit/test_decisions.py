@@ -141,3 +141,51 @@ def test_the_operator_reader_is_a_login_of_its_own_and_no_client_has_its_role(mo
     assert Settings.load().database_url.startswith("postgresql://client:")
     reader = Identity(database_login=OPERATOR_READER)  # `agentstream status --operator`
     assert Settings.load(identity=reader).database_url.startswith("postgresql://operator-reader:")
+
+
+class _GatewayPool:
+    """A pool where ``agentstream_decide_as`` (migration 0021) answers ``as_answer`` and ``agentstream_decide``
+    ``row``; records the queries."""
+
+    def __init__(self, as_answer: dict[str, Any] | BaseException | None, row: dict[str, Any]) -> None:
+        self.as_answer, self.row, self.queries = as_answer, row, []  # type: ignore[var-annotated]
+
+    async def fetchrow(self, query: str, *args: object) -> dict[str, Any] | None:
+        self.queries.append((query.split("FROM ")[1].split("(")[0], args))
+        if "agentstream_decide_as" in query:
+            if isinstance(self.as_answer, BaseException):
+                raise self.as_answer
+            return self.as_answer
+        return self.row
+
+
+@pytest.mark.parametrize("as_answer", ["recorded", None, asyncpg.InsufficientPrivilegeError("denied"),
+                                       asyncpg.UndefinedFunctionError("no such function")])
+async def test_the_gateway_records_its_tokens_decision_as_the_token_else_under_its_login(as_answer):
+    by = "gateway:acme:ops-desk"
+    token_row = {"approved": True, "reason": "ok", "decided_by": by, "decided_at": AT, "decided_now": True}
+    login_row = {**token_row, "decided_by": "gateway"}
+    pool = _GatewayPool(token_row if as_answer == "recorded" else as_answer, login_row)
+    settings = Settings(kafka_bootstrap="127.0.0.1:9", database_url="postgresql://gateway@127.0.0.1:9/db",
+                        approvals="recorded")
+    client = AgentClient(settings)
+
+    async def the_pool() -> _GatewayPool:
+        return pool
+
+    async def send(topic: str, event: Any) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    client.pool = the_pool  # type: ignore[method-assign]
+    client.runtime.send = send  # type: ignore[method-assign]
+    try:
+        decision = await client.approve("r1", "r1:1:tool", "ok", by, record_by=True)
+    finally:
+        await client.runtime.producer.stop()
+    assert pool.queries[0] == ("agentstream_decide_as", ("r1", "r1:1:tool", True, "ok", by))
+    if as_answer == "recorded":
+        assert decision.decided_by == by and len(pool.queries) == 1
+    else:  # not the gateway's login (or no migration 0021): recorded under the login, as before
+        assert decision.decided_by == "gateway" and pool.queries[1][0] == "agentstream_decide"

@@ -22,7 +22,8 @@ def test_the_document_names_every_route_and_the_security_scheme() -> None:
     assert doc["openapi"].startswith("3.")
     assert {"/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/cancel", "/v1/approvals",
             "/v1/approvals/{run_id}/{step_id}/approve", "/v1/approvals/{run_id}/{step_id}/deny", "/v1/sessions",
-            "/v1/sessions/{session_id}", "/v1/chat/completions", "/v1/models"} <= set(doc["paths"])
+            "/v1/sessions/{session_id}", "/v1/chat/completions", "/v1/models", "/v1/dead-letters",
+            "/v1/dead-letters/{offset}", "/v1/dead-letters/{offset}/redrive"} <= set(doc["paths"])
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     for schema in ("ProblemDetails", "TokenData", "StepData", "OutcomeData", "ChatCompletionChunk"):
         assert schema in doc["components"]["schemas"]

@@ -111,10 +111,13 @@ async def test_a_verified_token_is_cached_for_a_while_and_a_bad_one_is_not() -> 
 
 
 def test_roles_include_the_ones_below() -> None:
-    reader, approver, submitter = (Principal("t", role, "id") for role in Role)
+    reader, approver, submitter, operator = (Principal("t", role, "id") for role in Role)
     assert reader.may(Role.READER) and not reader.may(Role.APPROVER) and not reader.may(Role.SUBMITTER)
     assert approver.may(Role.APPROVER) and not approver.may(Role.SUBMITTER)
     assert submitter.may(Role.SUBMITTER) and not submitter.may(Role.APPROVER)
+    assert not any(p.may(Role.OPERATOR) for p in (reader, approver, submitter))
+    assert operator.may(Role.READER) and operator.may(Role.OPERATOR)  # the reads, and the dead letters only
+    assert not operator.may(Role.APPROVER) and not operator.may(Role.SUBMITTER)
     assert Principal("acme", Role.APPROVER, "abc", name="ops").approver_name == "gateway:acme:ops"
 
 

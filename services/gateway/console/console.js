@@ -67,7 +67,8 @@ function token() {
 }
 
 /** Whether the token's role may: a reader reads, an approver also decides, a submitter also submits and
- *  cancels (docs/gateway.md, "Auth": a submitter does not approve). */
+ *  cancels, an operator also browses and re-drives dead letters (docs/gateway.md, "Auth": a submitter does
+ *  not approve, an operator neither approves nor submits). */
 function can(role) {
   return page.who !== null && (role === "reader" || page.who.role === role);
 }
@@ -565,16 +566,108 @@ async function showSession(params, signal, sessionId) {
   }
 }
 
-async function showDeadLetters() {
+// Dead letters (an operator token's) -------------------------------------------------------------------
+const DLQ_FILTERS = ["kind", "source_topic"];
+const OPERATOR_ONLY = "Dead letters are an operator token's (agentstream token create --role operator).";
+
+async function showDeadLetters(params, signal) {
   showView("view-dead-letters");
+  const form = $("dlq-filter");
+  const query = new URLSearchParams({ limit: "200" });
+  for (const name of DLQ_FILTERS) {
+    form.elements[name].value = params.get(name) || "";
+    if (params.get(name)) query.set(name, params.get(name));
+  }
+  if (!can("operator")) {
+    $("dlq-table").tBodies[0].replaceChildren();
+    $("dlq-error").textContent = `A ${page.who.role} token does not see them. ${OPERATOR_ONLY}`;
+    return;
+  }
+  try {
+    const { letters } = await api(`/v1/dead-letters?${query}`, { signal });
+    $("dlq-count").textContent = String(letters.length);
+    fill($("dlq-table").tBodies[0], letters.map((l) => el("tr", { "data-letter": l.offset },
+      el("td", {}, el("a", { href: `#/dead-letters/${l.offset}`, class: "mono" }, String(l.offset))),
+      el("td", {}, time(l.time)),
+      el("td", { class: "mono" }, l.source_topic ? `${l.source_topic}[${l.source_partition}]@${l.source_offset}` : ""),
+      el("td", {}, l.consumer || ""), el("td", {}, l.error_kind || "?"),
+      el("td", { class: "clip" }, l.reason || l.problem || ""),
+      el("td", {}, l.run_id ? runLink(l.run_id) : ""), el("td", { class: "n" }, l.redrives || ""))),
+    JSON.stringify(letters));
+  } catch (error) {
+    fail("dlq-error", error);
+  }
 }
+
+$("dlq-filter").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const query = new URLSearchParams();
+  for (const name of DLQ_FILTERS) {
+    const value = event.target.elements[name].value.trim();
+    if (value) query.set(name, value);
+  }
+  const target = `#/dead-letters${query.toString() ? `?${query}` : ""}`;
+  if (location.hash === target) route();
+  else location.hash = target;
+});
+
+const LETTER_FIELDS = ["source_topic", "source_partition", "source_offset", "consumer", "error_kind", "reason",
+  "run_id", "step_id", "event_id", "time", "producer", "instance", "key", "value_size", "value_kept",
+  "truncated", "value_preview", "original_problem", "problem", "redrive_of", "redrives"];
+
+async function showDeadLetter(params, signal, offset) {
+  showView("view-dead-letter");
+  $("letter-id").textContent = offset;
+  $("letter-fields").tBodies[0].replaceChildren();
+  $("letter-original").textContent = "";
+  $("letter-result").textContent = "";
+  const button = $("letter-redrive");
+  button.disabled = !can("operator");
+  if (!can("operator")) {
+    $("letter-error").textContent = `A ${page.who.role} token does not see them. ${OPERATOR_ONLY}`;
+    return;
+  }
+  try {
+    const letter = await api(`/v1/dead-letters/${enc(offset)}`, { signal });
+    const rows = LETTER_FIELDS.filter((name) => letter[name] !== null && letter[name] !== undefined)
+      .map((name) => el("tr", {}, el("th", { scope: "row" }, name), el("td", { class: "mono" }, String(letter[name]))));
+    for (const row of letter.redrive_history) {
+      rows.push(el("tr", {}, el("th", { scope: "row" }, "re-driven"), el("td", { class: "mono" },
+        `${row.redriven_at} by ${row.redriven_by}: ${row.status} → ${row.source_topic}[${row.source_partition}]@${row.target_offset}`)));
+    }
+    $("letter-fields").tBodies[0].replaceChildren(...rows);
+    $("letter-original").textContent = letter.original
+      ? `${letter.original_type}\n${JSON.stringify(letter.original, null, 2)}` : (letter.original_problem || "none");
+    button.disabled = !letter.source_topic;
+  } catch (error) {
+    fail("letter-error", error);
+  }
+}
+
+$("letter-redrive").addEventListener("click", async () => {
+  const offset = $("letter-id").textContent;
+  const button = $("letter-redrive");
+  button.disabled = true;
+  $("letter-error").textContent = "";
+  try {
+    const result = await api(`/v1/dead-letters/${enc(offset)}/redrive`, { method: "POST",
+      body: { force: $("letter-force").checked, dry_run: $("letter-dry-run").checked } });
+    $("letter-result").textContent = `${result.action.replace("_", " ")}: ${result.detail}`;
+    $("letter-result").dataset.action = result.action;
+    notice(`Dead letter ${offset}: ${result.action.replace("_", " ")}.`);
+  } catch (error) {
+    fail("letter-error", error);
+  } finally {
+    button.disabled = false;
+  }
+});
 
 // -- the router -------------------------------------------------------------------------------------
 
 const ROUTES = [
   [/^\/runs$/, showRuns], [/^\/runs\/([^/]+)$/, showRun], [/^\/submit$/, showSubmit],
   [/^\/approvals$/, showApprovals], [/^\/sessions$/, showSessions], [/^\/sessions\/([^/]+)$/, showSession],
-  [/^\/dead-letters$/, showDeadLetters],
+  [/^\/dead-letters$/, showDeadLetters], [/^\/dead-letters\/(\d+)$/, showDeadLetter],
 ];
 
 async function route() {
