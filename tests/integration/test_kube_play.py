@@ -16,7 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from agentstream.deploy.manifests import GATEWAY_REQUESTS_SERIES
+from agentstream.deploy.gateway import GATEWAY_REQUESTS_SERIES
 from agentstream.deploy.podman import KubePlay, rendering
 from agentstream.devstack.process import free_port
 from agentstream.streams.client.agent_client import AgentClient
