@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.streams.catalog.tools import ToolCatalog
-from agentstream.streams.client import task_fields
+from agentstream.streams.client import decisions, task_fields
 from agentstream.streams.client.agents import AgentsClient
 from agentstream.streams.client.outcomes import OutcomeWatcher, RunResult, parse_output
 from agentstream.streams.client.sessions import SessionsClient
@@ -42,12 +41,10 @@ from agentstream.streams.config.settings import Settings
 from agentstream.streams.core import agents as agent_rules
 from agentstream.streams.core import task_rules
 from agentstream.streams.core import tool_calling as native_tool_calling
-from agentstream.streams.core.approvals import NOT_AWAITING_APPROVAL, Decision
+from agentstream.streams.core.approvals import Decision
 from agentstream.streams.core.errors import (
     AgentRejected,
     DecodeError,
-    NotAnApprover,
-    NotAwaitingApproval,
     TaskRejected,
     Unavailable,
 )
@@ -288,55 +285,16 @@ class AgentClient:
         return decision
 
     async def _record(self, asked: Decision, *, as_by: bool = False) -> Decision:
-        """``agentstream_decide``: the decision recorded on the step, by this call or an earlier one.
-        ``as_by``: ``agentstream_decide_as``, recording ``asked.decided_by``, first (the gateway's login)."""
+        """The decision recorded on the step, by this call or an earlier one (streams/client/decisions.py)."""
         login = urlsplit(self.settings.database_url).username or "?"
         with _database():
-            try:
-                row = None
-                if as_by:
-                    with contextlib.suppress(asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedFunctionError):
-                        row = await (await self.pool()).fetchrow(
-                            "SELECT * FROM agentstream_decide_as($1, $2, $3, $4, $5)", asked.run_id, asked.step_id,
-                            asked.asked, asked.reason, asked.decided_by)
-                if row is None:  # not the gateway's login: recorded under the login
-                    row = await (await self.pool()).fetchrow("SELECT * FROM agentstream_decide($1, $2, $3, $4)",
-                                                             asked.run_id, asked.step_id, asked.asked, asked.reason)
-            except asyncpg.InsufficientPrivilegeError:
-                row = None  # not granted the function: not an approver
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate != NOT_AWAITING_APPROVAL:
-                    raise
-                raise NotAwaitingApproval(f"{exc.message}: nothing was recorded "
-                                          "(`agentstream approvals` lists the calls waiting)") from None
-        if row is None:
-            raise NotAnApprover(f"the database login {login!r} may not decide on this tool call: an approver's "
-                                "login (a member of agentstream_approver, or a tenant's approver for its own "
-                                "runs) records decisions")
-        # decided_now: migration 0015; before it the function did not say (guessed from who decided).
-        now = row["decided_now"] if "decided_now" in row.keys() else str(row["decided_by"]) == login
-        return replace(asked, approved=bool(row["approved"]), reason=str(row["reason"]),
-                       decided_by=str(row["decided_by"]), decided_at=row.get("decided_at"), recorded=True,
-                       earlier=not now)
+            return await decisions.record(await self.pool(), asked, login, as_by=as_by)
 
     async def awaiting_approval(self) -> list[dict[str, Any]]:
-        """Tool calls waiting for a person's approval: run id, step id, tool, arguments, since when. A run
-        paused on its tool call has one; a run whose parallel calls fan out (pending kind ``tools``) may
-        have several, and may be running its other calls meanwhile."""
+        """Tool calls waiting for a person's approval: run id, step id, tool, arguments, since when (a run
+        whose parallel calls fan out may have several: streams/client/decisions.py)."""
         with _database():
-            rows = await (await self.pool()).fetch(
-            """SELECT run_id, state->>'pending_step_id' AS step_id, state->>'pending_kind' AS kind,
-                      state->'pending_request' AS request, updated_at FROM runs
-               WHERE status = 'awaiting_approval' OR (status = 'running' AND state->>'pending_kind' = 'tools')
-               ORDER BY updated_at""")
-        waiting: list[dict[str, Any]] = []
-        for r in rows:
-            request = json.loads(r["request"])
-            calls = ([c for c in request.get("calls", ()) if c.get("awaiting_approval")] if r["kind"] == "tools"
-                     else [{**request, "step_id": r["step_id"]}])
-            waiting.extend({"run_id": r["run_id"], "step_id": c["step_id"], "since": r["updated_at"],
-                            **{k: v for k, v in c.items() if k in ("tool", "arguments")}} for c in calls)
-        return waiting
+            return await decisions.awaiting(await self.pool())
 
     async def _tool_catalog(self) -> ToolCatalog:
         """Tool names are checked against ``agent.tools``, not PostgreSQL: submit works while the
