@@ -25,6 +25,8 @@ from agentstream.services.tools.compute import ComputeError, ComputeGuard, Compu
 from agentstream.services.tools.http import HttpGetConfig, http_get_tool
 from agentstream.services.tools.registry import Tool, ToolContext, load_tools, tool
 from agentstream.services.tools.sql import SqlQueryConfig, sql_query_tool
+from agentstream.streams.config import env
+from agentstream.streams.config.env import N
 from agentstream.streams.core.errors import ConfigError, ToolError
 
 #: Seconds of computation a guarded expression may take, inside the tool's 2 s (which also covers the
@@ -123,17 +125,8 @@ class BuiltinConfig:
         ``AGENTSTREAM_SQL_MAX_ROWS``, ``AGENTSTREAM_SQL_MAX_BYTES``, ``AGENTSTREAM_SQL_POOL_SIZE``,
         ``AGENTSTREAM_BUILTIN_TOOLS_VERSION``. The caller passes the environment (streams/config/settings.py reads it)."""
 
-        def number(name: str, kind: type, default: Any) -> Any:
-            raw = environ.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ConfigError(f"{name}={raw!r} is not a {kind.__name__}") from None
-            if value <= 0:
-                raise ConfigError(f"{name} must be positive (got {raw})")
-            return value
+        def number(name: str, kind: type[N], default: N) -> N:
+            return env.positive_number(environ, name, kind, default)
 
         http = HttpGetConfig.parse_hosts(
             environ.get("AGENTSTREAM_HTTP_ALLOWED_HOSTS", ""),

@@ -7,17 +7,34 @@ what it must be; an unset or blank variable is the default.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from agentstream.streams.core.errors import ConfigError
 
+N = TypeVar("N", int, float)
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def tenant() -> str:
     """``AGENTSTREAM_TENANT``: the tenant this process works for (docs/security.md, "Tenants")."""
     return os.environ.get("AGENTSTREAM_TENANT", "").strip()
+
+
+def positive_number(environ: Mapping[str, str], name: str, kind: type[N], default: N) -> N:
+    """``environ[name]`` as a positive ``int`` or ``float`` (a tool worker's settings are read from the
+    environment it is given: streams/config/env.py ``tool_environment``)."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a {kind.__name__}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive (got {raw})")
+    return value
 
 
 def positive_float(name: str, default: float) -> float:

@@ -32,6 +32,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from agentstream.streams.config import env
 from agentstream.streams.core.errors import ConfigError
 
 #: Between the server's name and the tool's.
@@ -142,22 +143,10 @@ class McpSettings:
         ``AGENTSTREAM_MCP_TOOLS_VERSION``. The caller passes the environment (streams/config reads it)."""
         specs = tuple(s.strip() for s in re.split(r"[;\n]", environ.get("AGENTSTREAM_MCP_SERVERS", "")) if s.strip())
 
-        def number(name: str, kind: type[float] | type[int], default: float) -> float:
-            raw = environ.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ConfigError(f"{name}={raw!r} is not a {kind.__name__}") from None
-            if value <= 0:
-                raise ConfigError(f"{name} must be positive (got {raw})")
-            return value
-
-        return cls(specs=specs, timeout_s=number("AGENTSTREAM_MCP_TIMEOUT_S", float, DEFAULT_TIMEOUT_S),
+        return cls(specs=specs, timeout_s=env.positive_number(environ, "AGENTSTREAM_MCP_TIMEOUT_S", float, DEFAULT_TIMEOUT_S),
                    requires_approval=_patterns(environ.get("AGENTSTREAM_MCP_APPROVE", "")),
                    idempotent=_patterns(environ.get("AGENTSTREAM_MCP_IDEMPOTENT", "")),
-                   version=int(number("AGENTSTREAM_MCP_TOOLS_VERSION", int, 1)))
+                   version=env.positive_number(environ, "AGENTSTREAM_MCP_TOOLS_VERSION", int, 1))
 
     def with_options(self, *, specs: Sequence[str] | None = None, timeout_s: float | None = None,
                      requires_approval: Sequence[str] | None = None,
