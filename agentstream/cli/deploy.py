@@ -22,7 +22,8 @@ def deploy_render(
     show_values: bool = typer.Option(False, "--show-values", help="Print the merged values instead."),
 ) -> None:
     """The manifests of every enabled service (ConfigMap, Secret, migration Job, Deployments,
-    PodDisruptionBudgets, KEDA ScaledObjects, NetworkPolicy) from infra/deploy/values.yaml and yours."""
+    PodDisruptionBudgets, KEDA ScaledObjects, NetworkPolicy) from infra/deploy/values.yaml and yours; with
+    security.enabled, a Secret per principal and login, the setup Jobs and each tenant's cell."""
     from pathlib import Path
 
     from agentstream.deploy import manifests, render
@@ -38,3 +39,24 @@ def deploy_render(
         return
     written = render.write_base(objects, Path(out))
     err.print(f"wrote {len(written)} files to {out}")
+
+
+@app.command("setup")
+def deploy_setup(
+    cell: list[str] = typer.Option(None, "--cell", help="A tenant cell, NAME=PREFIX=PRINCIPAL (repeatable)."),
+    passwords: str = typer.Option(..., "--passwords", help="A directory with each database login's password "
+                                                           "in LOGIN/password (the mounted Secrets)."),
+) -> None:
+    """What the rendered setup Job runs (security.enabled; docs/deploy.md): each cell's topics, every
+    cell's ACLs and the database logins, as the cluster's super user and the schema's owner."""
+    from pathlib import Path
+
+    from agentstream.cli.common import run_async
+    from agentstream.deploy.setup import CellRef, setup
+    from agentstream.streams.config.identity import Identity
+    from agentstream.streams.config.settings import Settings
+
+    cells = [CellRef.parse(c) for c in cell or []]
+    settings = Settings.load(identity=Identity(principal="admin"))
+    done = run_async(setup(settings, cells, Path(passwords)))
+    err.print(f"set up {done.cells} cells: {done.acls} ACLs, {done.logins} database logins")

@@ -1,4 +1,6 @@
-"""``agentstream dlq …``: dead letters (agent.dlq): list them, show one, re-drive them (agentstream/ops/dlq.py)."""
+"""``agentstream dlq …``: dead letters (agent.dlq): list them, show one, re-drive them (agentstream/ops/dlq.py).
+On a secure stack list and show run as the operator's reader, redrive as the operator, and a tenant's
+(``AGENTSTREAM_TENANT``) list and show as the tenant, on its own cell (docs/security.md, "The operator's tools")."""
 
 from __future__ import annotations
 
@@ -10,21 +12,49 @@ from rich.markup import escape
 from rich.table import Table
 
 from agentstream.cli.common import console, err, run_async, short
+from agentstream.streams.config import env
+from agentstream.streams.config.identity import CLIENT, Identity
+from agentstream.streams.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from agentstream.streams.config.settings import Settings
 
-app = typer.Typer(help="Dead letters (agent.dlq): list them, show one, re-drive them to their source topic.",
+app = typer.Typer(help="Dead letters (agent.dlq): list them, show one, re-drive them to their source topic. On a "
+                       "secure stack list and show read as operator-reader, redrive is the operator's; with "
+                       "AGENTSTREAM_TENANT a tenant lists and shows its own cell's (docs/security.md).",
                   no_args_is_help=True)
 _KIND_HELP = "Only this error kind: undecodable, unknown_schema, invalid, handler_error, retries_exhausted."
 
 
-def _operator_settings() -> Settings:
-    """On a secure stack, dead letters are the operator's (docs/security.md)."""
-    from agentstream.streams.config.identity import Identity
+#: Who ``dlq`` is on the local secure stack (docs/security.md, "The operator's tools"): listing and showing
+#: letters is the operator's reader's (reads every cell, writes nothing); re-driving is the operator's (the
+#: principal that may write the topics a letter came from, the login that records re-drives, migration 0023).
+READER = Identity(principal="operator-reader", database_login="operator-reader")
+REDRIVER = Identity(principal="operator", database_login="operator")
+
+
+def identity(*, redrive: bool) -> Identity:
+    """The identity of a ``dlq`` command. A process working for a tenant (``AGENTSTREAM_TENANT``) is the
+    tenant, its own cell's letters only, and may not re-drive (the operator works on a tenant's cell with
+    ``AGENTSTREAM_TOPIC_PREFIX=<tenant>.``)."""
+    if env.tenant():
+        if redrive:
+            raise ConfigError(f"re-driving dead letters is the operator's; as tenant {env.tenant()} use `agentstream "
+                              "dlq list` and `dlq show` (the operator re-drives a tenant's letters with "
+                              "AGENTSTREAM_TOPIC_PREFIX=<tenant>. and no AGENTSTREAM_TENANT)")
+        return CLIENT
+    return REDRIVER if redrive else READER
+
+
+def _operator_settings(*, redrive: bool = False) -> Settings:
+    """On a secure stack: ``identity``'s principal and login, never the schema owner's."""
     from agentstream.streams.config.settings import Settings
 
-    return Settings.load(identity=Identity(principal="operator"))
+    try:
+        return Settings.load(identity=identity(redrive=redrive))
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("list")
@@ -123,8 +153,10 @@ def dlq_redrive(
         err.print("[red]error:[/red] --kind and --source-topic choose letters for --all")
         raise typer.Exit(2)
 
+    settings = _operator_settings(redrive=True)
+
     async def go() -> list[RedriveResult]:
-        async with DeadLetters(_operator_settings()) as letters:
+        async with DeadLetters(settings) as letters:
             return await letters.redrive(offsets or (), every=every, kind=kind, source_topic=source_topic,
                                          dry_run=dry_run, force=force)
 

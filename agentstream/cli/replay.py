@@ -1,6 +1,7 @@
 """``agentstream replay …``: show a run's timeline, re-run it (recorded or live), fork it, diff two runs,
-re-run a time window against a candidate model or prompt (agentstream/replay/, streams/replay/). Replays
-run as the replay principal on a secure stack (docs/security.md).
+re-run a time window against a candidate model or prompt (agentstream/replay/, streams/replay/). On a secure
+stack, show and diff run as the operator's reader, rerun, fork and window as the replay principal and login,
+and a tenant's (``AGENTSTREAM_TENANT``) show and diff as the tenant (docs/security.md, "The operator's tools").
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import json
 from collections.abc import Coroutine
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -17,9 +18,16 @@ from rich.padding import Padding
 from rich.table import Table
 
 from agentstream.cli.common import console, err, run_async
-from agentstream.streams.core.errors import AgentStreamError
+from agentstream.streams.config import env
+from agentstream.streams.config.identity import CLIENT, Identity
+from agentstream.streams.core.errors import AgentStreamError, ConfigError
 
-app = typer.Typer(help="Replay runs for debugging: timeline, deterministic re-execution, fork, per-step diff.",
+if TYPE_CHECKING:
+    from agentstream.streams.config.settings import Settings
+
+app = typer.Typer(help="Replay runs for debugging: timeline, deterministic re-execution, fork, per-step diff. On a "
+                       "secure stack show and diff read as operator-reader, rerun, fork and window run as replay; "
+                       "with AGENTSTREAM_TENANT a tenant shows and diffs its own runs (docs/security.md).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 T = TypeVar("T")
 
@@ -33,12 +41,34 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(2) from None
 
 
-def _settings():
-    """On a secure stack, replays run as the replay principal (docs/security.md)."""
-    from agentstream.streams.config.identity import Identity
+#: Who each kind of replay command is on the local secure stack (docs/security.md, "The operator's tools"):
+#: reading a run (show, diff) is the operator's reader's, re-running one (rerun, fork, window) the replays'
+#: own principal and login, which write replay pipelines and nothing else (migration 0023).
+READER = Identity(principal="operator-reader", database_login="operator-reader")
+RERUNNER = Identity(principal="replay", database_login="replay")
+
+
+def identity(*, rerun: bool) -> Identity:
+    """The identity of a replay command. A process working for a tenant (``AGENTSTREAM_TENANT``) is the
+    tenant (its principal and login: its own runs only), and only reads: re-running takes a pipeline of
+    topics, workers and run rows that a tenant's rights do not include."""
+    if env.tenant():
+        if rerun:
+            raise ConfigError(f"re-running a run is the operator's (the replay login); as tenant {env.tenant()} "
+                              "use `agentstream replay show` and `replay diff`, or run without AGENTSTREAM_TENANT")
+        return CLIENT
+    return RERUNNER if rerun else READER
+
+
+def _settings(*, rerun: bool = False) -> Settings:
+    """On a secure stack: ``identity``'s principal and login, never the schema owner's."""
     from agentstream.streams.config.settings import Settings
 
-    return Settings.load(identity=Identity(principal="replay"))
+    try:
+        return Settings.load(identity=identity(rerun=rerun))
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def _options(backend: str, model: str | None, tool_modules: list[str] | None):
@@ -195,7 +225,7 @@ def rerun(run_id: str,
     if mode not in ("recorded", "live"):
         err.print("[red]error:[/red] --mode is recorded or live (forks: agentstream replay fork)")
         raise typer.Exit(2)
-    result = _run(do_rerun(_settings(), run_id, mode=mode, overrides=_overrides(model, system_prompt, tools),
+    result = _run(do_rerun(_settings(rerun=True), run_id, mode=mode, overrides=_overrides(model, system_prompt, tools),
                            options=_options(backend, model, tool_module), keep_topics=keep_topics, timeout=timeout))
     _report(result, as_json)
 
@@ -217,7 +247,7 @@ def fork(run_id: str,
     if from_step < 0:
         err.print("[red]error:[/red] --from-step must be 0 or more")
         raise typer.Exit(2)
-    result = _run(do_rerun(_settings(), run_id, from_step=from_step,
+    result = _run(do_rerun(_settings(rerun=True), run_id, from_step=from_step,
                            overrides=_overrides(model, system_prompt, tools),
                            options=_options(backend, model, tool_module), keep_topics=keep_topics, timeout=timeout))
     _report(result, as_json)
@@ -302,7 +332,7 @@ def window(since: datetime = typer.Option(..., help="ISO time: first submission 
         raise typer.Exit(2)
     until = until or datetime.now(UTC)
     since, until = (t if t.tzinfo else t.replace(tzinfo=UTC) for t in (since, until))
-    out = _run(do_window(_settings(), since, until, mode=mode, overrides=_overrides(model, system_prompt, tools),
+    out = _run(do_window(_settings(rerun=True), since, until, mode=mode, overrides=_overrides(model, system_prompt, tools),
                          options=_options(backend, model, tool_module), limit=limit, concurrency=concurrency,
                          timeout=timeout))
     report = out.report().to_dict()

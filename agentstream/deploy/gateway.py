@@ -81,7 +81,7 @@ class GatewayObjects:
         container = self.ctx.container("gateway", spec, [str(a) for a in spec.get("args") or ["worker", "gateway"]])
         container["resources"] = spec.get("resources") or {}
         container["env"] = [{"name": "OTEL_SERVICE_NAME", "value": "agentstream-gateway"}, *self.env(spec)]
-        if spec.get("databaseSecret"):
+        if spec.get("databaseSecret") and self.ctx.credentials is None:  # (secure: its own login, below)
             # The gateway's own PostgreSQL login (role agentstream_gateway: docs/security.md), not the
             # schema owner's URL every worker shares: a variable of the container wins over envFrom.
             container["env"].append({"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {
@@ -114,7 +114,7 @@ class GatewayObjects:
         if (self.ctx.v.get("metrics") or {}).get("scrape", True):
             annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                            "prometheus.io/path": "/metrics"}
-        extra: Obj = {"terminationGracePeriodSeconds": grace, **self.ctx.kafka_principal(container, "gateway")}
+        extra: Obj = {"terminationGracePeriodSeconds": grace, **self.ctx.identity(container, "gateway", "gateway")}
         for field in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
             if spec.get(field):
                 extra[field] = spec[field]

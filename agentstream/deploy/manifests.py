@@ -11,16 +11,23 @@ Per service (planner, tools, retrieval, inference, inference-gpu, alerts): a Dep
 than the runtime's), a PodDisruptionBudget and a KEDA ScaledObject; once: a ConfigMap, a Secret, a
 NetworkPolicy and the migration Job. The HTTP gateway (``services.gateway``, not a consumer: nothing to
 scale on lag) gets a Deployment, a Service, an optional Ingress, a HorizontalPodAutoscaler on its request
-rate (or CPU), a PodDisruptionBudget and a NetworkPolicy that lets clients reach its port.
+rate (or CPU), a PodDisruptionBudget and a NetworkPolicy that lets clients reach its port. With
+``security.enabled``: a Secret per Kafka principal and database login, each pod its own of both, the setup
+and kafka-config Jobs (``credentials.py``), and per tenant cell (``cells.py``) a ConfigMap and the consumer
+services' objects again, named ``…-<cell>-<service>``.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
+import dataclasses
 from typing import Any
 
+from agentstream.deploy.cells import Cell, cells
+from agentstream.deploy.credentials import KAFKA_SECRET_DIR, Credentials
 from agentstream.deploy.gateway import GatewayObjects
-from agentstream.deploy.values import Values
+from agentstream.deploy.values import Values, merge
 from agentstream.streams.config.stack_state import DEFAULT_DATABASE
 from agentstream.streams.core.errors import ConfigError
 from agentstream.streams.kafka.topics import Topics
@@ -44,8 +51,10 @@ _PROBED = {"planner", "tools", "retrieval", "inference"}
 RUNTIME_SHUTDOWN_GRACE_S = ServiceConfig(name="", topics=[], group_id="").shutdown_grace_s
 GRACE_MARGIN_S = 5.0
 STATE_DIR = "/var/lib/agentstream"
-#: Where a pod finds its Kafka password (``kafka.sasl``): a file, never an environment variable's value.
-KAFKA_SECRET_DIR = "/var/run/secrets/agentstream-kafka"
+#: A service's Kafka principal and database login (``security.enabled``); None: it uses no database.
+#: ``worker all`` is every service at once: the ``worker`` principal and login.
+LOGINS: dict[str, str | None] = {"planner": "planner", "tools": "tools", "retrieval": "retrieval",
+                                 "inference": "inference", "all": "worker", "alerts": None, "gateway": "gateway"}
 def render(values: Values) -> list[Obj]:
     """Every object, in the order ``kubectl apply`` and ``podman kube play`` want them (configuration
     first, then the migration Job, then the workloads and what refers to them)."""
@@ -53,17 +62,14 @@ def render(values: Values) -> list[Obj]:
     objects: list[Obj] = [ctx.configmap()]
     if not values.get("existingSecret"):
         objects.append(ctx.secret())
+    if ctx.credentials is not None:
+        objects += ctx.credentials.secrets()
     if (values.get("migrations") or {}).get("enabled"):
         objects.append(ctx.migration_job())
-    for key in SERVICES:
-        spec = (values.get("services") or {}).get(key)
-        if not spec or not spec.get("enabled"):
-            continue
-        objects.append(ctx.deployment(key, spec))
-        if spec.get("pdb"):
-            objects.append(ctx.pdb(key, spec))
-        if (values.get("keda") or {}).get("enabled") and spec.get("autoscaling"):
-            objects.append(ctx.scaled_object(key, spec))
+    if ctx.credentials is not None:
+        objects += [ctx.credentials.setup_job(), ctx.credentials.kafka_config_job()]
+    for each in (ctx, *(ctx.for_cell(cell) for cell in ctx.cells)):
+        objects += each.workloads()
     gateway = (values.get("services") or {}).get("gateway")
     if gateway and gateway.get("enabled"):
         objects += GatewayObjects(ctx).all(gateway)
@@ -81,6 +87,58 @@ class _Context:
         kafka = values.get("kafka") or {}
         self.topics = Topics(prefix=kafka.get("topicPrefix") or "", partitions=int(kafka.get("partitions") or 8))
         self.metrics_port = int((values.get("metrics") or {}).get("port") or 0)
+        #: The tenant cell whose workloads this context renders (``for_cell``); None: the installation's own.
+        self.cell: Cell | None = None
+        self.cells = cells(values)
+        secure = bool((values.get("security") or {}).get("enabled"))
+        #: Every principal's and login's Secret (``security.enabled``): made once, shared by the cells.
+        self.credentials = Credentials.of(self) if secure else None
+
+    def for_cell(self, cell: Cell) -> _Context:
+        """This context for ``cell``'s workloads: its prefix, its objects' names, its services' values."""
+        other = copy.copy(self)
+        other.cell = cell
+        other.topics = dataclasses.replace(self.topics, prefix=cell.prefix)
+        other.v = merge(self.v, {"services": cell.services}) if cell.services else self.v
+        return other
+
+    def workloads(self) -> list[Obj]:
+        """Each enabled consumer service's Deployment, PodDisruptionBudget and ScaledObject; a cell's own
+        ConfigMap first (its topic prefix: a ConfigMap, not a container variable over the installation's,
+        because podman 4.3's kube play lets ``envFrom`` win over ``env``, the reverse of Kubernetes)."""
+        objects: list[Obj] = [self.configmap()] if self.cell is not None else []
+        for key in SERVICES:
+            spec = (self.v.get("services") or {}).get(key)
+            if not spec or not spec.get("enabled"):
+                continue
+            objects.append(self.deployment(key, spec))
+            if spec.get("pdb"):
+                objects.append(self.pdb(key, spec))
+            if (self.v.get("keda") or {}).get("enabled") and spec.get("autoscaling"):
+                objects.append(self.scaled_object(key, spec))
+        return objects
+
+    def suffix(self, suffix: str) -> str:
+        """A workload's name (after the prefix): a cell's carry the cell's name."""
+        return f"{self.cell.name}-{suffix}" if self.cell else suffix
+
+    def sasl(self) -> tuple[str, str] | None:
+        """(security protocol, mechanism) with ``kafka.sasl`` or ``security.enabled``; None: PLAINTEXT."""
+        sasl = (self.v.get("kafka") or {}).get("sasl") or {}
+        if not sasl and not (self.v.get("security") or {}).get("enabled"):
+            return None
+        return str(sasl.get("securityProtocol") or "SASL_SSL"), str(sasl.get("mechanism") or "SCRAM-SHA-512")
+
+    def volumes(self, extra: list[Obj]) -> list[Obj]:
+        return [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}, *extra]
+
+    def identity(self, container: Obj, principal: str, login: str | None) -> Obj:
+        """``container`` as Kafka ``principal`` and (``security.enabled``) database ``login``: the pod's
+        extra fields (its volumes)."""
+        volumes = self.kafka_principal(container, principal)
+        if self.credentials is not None:
+            volumes += self.credentials.database_login(container, login)
+        return {"volumes": self.volumes(volumes)} if volumes else {}
 
     # -- shared pieces ---------------------------------------------------------------------------
     def name(self, suffix: str) -> str:
@@ -100,7 +158,7 @@ class _Context:
         return str(self.v.get("existingSecret") or self.name("secrets"))
 
     def env_from(self) -> list[Obj]:
-        return [{"configMapRef": {"name": self.name("config")}}, {"secretRef": {"name": self.secret_name()}}]
+        return [{"configMapRef": {"name": self.name(self.suffix("config"))}}, {"secretRef": {"name": self.secret_name()}}]
 
     def image(self, spec: Obj) -> str:
         image = dict(self.v.get("image") or {})
@@ -139,7 +197,7 @@ class _Context:
         tracing = self.v.get("tracing") or {}
         data = {
             "KAFKA_BOOTSTRAP_SERVERS": str(kafka.get("bootstrapServers") or ""),
-            "AGENTSTREAM_TOPIC_PREFIX": str(kafka.get("topicPrefix") or ""),
+            "AGENTSTREAM_TOPIC_PREFIX": self.topics.prefix,  # (a cell's: its own)
             "AGENTSTREAM_PARTITIONS": str(self.topics.partitions),
             "AGENTSTREAM_STATE_DIR": STATE_DIR,
             "AGENTSTREAM_METRICS_PORT": str(self.metrics_port),
@@ -148,19 +206,23 @@ class _Context:
             "AGENTSTREAM_METRICS_HOST": str((self.v.get("metrics") or {}).get("host") or "0.0.0.0"),
             "AGENTSTREAM_TRACING": str(tracing.get("mode") or "off"),
         }
-        sasl = kafka.get("sasl") or {}
+        sasl = self.sasl()
         if sasl:
-            data["AGENTSTREAM_KAFKA_SECURITY_PROTOCOL"] = str(sasl.get("securityProtocol") or "SASL_SSL")
-            data["AGENTSTREAM_KAFKA_SASL_MECHANISM"] = str(sasl.get("mechanism") or "SCRAM-SHA-512")
+            data["AGENTSTREAM_KAFKA_SECURITY_PROTOCOL"], data["AGENTSTREAM_KAFKA_SASL_MECHANISM"] = sasl
         if data["AGENTSTREAM_TRACING"] == "otlp":
             data["OTEL_EXPORTER_OTLP_ENDPOINT"] = str(tracing.get("otlpEndpoint") or "")
             data["AGENTSTREAM_TRACE_SAMPLE"] = str(tracing.get("sample", 0.1))
         data.update({str(k): str(v) for k, v in (self.v.get("env") or {}).items()})
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.meta("config", "config"), "data": data}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.meta(self.suffix("config"), "config"),
+                "data": data}
 
     def secret(self) -> Obj:
-        data = {"DATABASE_URL": str((self.v.get("database") or {}).get("url")
-                                    or f"postgresql://postgres@postgres:5432/{DEFAULT_DATABASE}")}
+        """The shared Secret: the model server's API key, and without ``security.enabled`` the one
+        ``DATABASE_URL`` (with it, each pod's own login: ``credentials.py``)."""
+        data: dict[str, str] = {}
+        if self.credentials is None:
+            data["DATABASE_URL"] = str((self.v.get("database") or {}).get("url")
+                                       or f"postgresql://postgres@postgres:5432/{DEFAULT_DATABASE}")
         if self.v.get("modelApiKey"):
             data["AGENTSTREAM_MODEL_API_KEY"] = str(self.v["modelApiKey"])
         # ``data`` (base64), not ``stringData``: podman kube play reads a Secret's data only.
@@ -171,7 +233,8 @@ class _Context:
     def migration_job(self) -> Obj:
         job = self.v.get("migrations") or {}
         container = self.container("migrate", {}, ["migrate"])
-        volumes = self.kafka_principal(container, "admin")  # creates the topics: the cluster's administrator
+        # Creates the topics (the cluster's administrator) and the schema (its owner).
+        volumes = self.identity(container, "admin", self.credentials.owner if self.credentials else None)
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self.meta("migrate", "migrate"),
                 "spec": {"backoffLimit": int(job.get("backoffLimit", 6)), "ttlSecondsAfterFinished": 3600,
                          "template": {"metadata": {"labels": self.labels("migrate")},
@@ -195,9 +258,12 @@ class _Context:
 
     def deployment(self, key: str, spec: Obj) -> Obj:
         service, suffix = SERVICES[key]
+        suffix = self.suffix(suffix)
         container = self.container(service, spec, self.args(key, spec))
         container["resources"] = spec.get("resources") or {}
         container["env"] = [{"name": "OTEL_SERVICE_NAME", "value": f"agentstream-{suffix}"}]
+        if self.cell is not None and service == "planner":  # the cell's planners enforce its quotas
+            container["env"] += [{"name": k, "value": v} for k, v in self.cell.quotas.items()]
         if not self.v.get("hostNetwork"):  # what `agentstream top` connects to; on the host's network, its own
             container["env"].append({"name": "AGENTSTREAM_METRICS_ADVERTISE",
                                      "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
@@ -221,7 +287,7 @@ class _Context:
             raise ConfigError(f"services.{key}.terminationGracePeriodSeconds={grace}: it must be at least the "
                               f"runtime's shutdown grace ({RUNTIME_SHUTDOWN_GRACE_S:g} s) + {GRACE_MARGIN_S:g} s")
         extra: Obj = {"terminationGracePeriodSeconds": grace,
-                      **self.kafka_principal(container, "worker" if service == "all" else service)}
+                      **self.identity(container, "worker" if service == "all" else service, LOGINS.get(service, service))}
         for field in ("nodeSelector", "tolerations", "affinity"):
             if spec.get(field):
                 extra[field] = spec[field]
@@ -239,28 +305,28 @@ class _Context:
             },
         }
 
-    def kafka_principal(self, container: Obj, principal: str) -> Obj:
-        """With ``kafka.sasl``: ``container`` authenticates as ``principal``, its password mounted from the
-        Secret ``{secretPrefix}{principal}`` (key ``password``; docs/security.md); returns the pod's extra
-        volumes (none without SASL)."""
+    def kafka_principal(self, container: Obj, principal: str) -> list[Obj]:
+        """With SASL: ``container`` authenticates as ``principal``, its password mounted from the Secret
+        ``{secretPrefix}{principal}`` (key ``password``; docs/security.md); returns the pod's volumes this
+        takes (none without SASL)."""
         sasl = (self.v.get("kafka") or {}).get("sasl") or {}
-        if not sasl:
-            return {}
-        secret = f"{sasl.get('secretPrefix') or 'agentstream-kafka-'}{principal}"
+        if self.sasl() is None:
+            return []
+        secret = f"{sasl.get('secretPrefix') or self.name('kafka-')}{principal}"
         container.setdefault("env", []).extend([
             {"name": "AGENTSTREAM_KAFKA_USERNAME", "value": principal},
             {"name": "AGENTSTREAM_KAFKA_PASSWORD_FILE", "value": f"{KAFKA_SECRET_DIR}/password"}])
         container["volumeMounts"].append({"name": "kafka-credentials", "mountPath": KAFKA_SECRET_DIR, "readOnly": True})
-        return {"volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
-                            {"name": "kafka-credentials", "secret": {"secretName": secret, "defaultMode": 0o400}}]}
+        return [{"name": "kafka-credentials", "secret": {"secretName": secret, "defaultMode": 0o400}}]
 
     def pdb(self, key: str, spec: Obj) -> Obj:
-        suffix = SERVICES[key][1] if key in SERVICES else key
+        suffix = self.suffix(SERVICES[key][1]) if key in SERVICES else key
         return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": self.meta(suffix, suffix),
                 "spec": {**spec["pdb"], "selector": {"matchLabels": self.labels(suffix)}}}
 
     def scaled_object(self, key: str, spec: Obj) -> Obj:
         service, suffix = SERVICES[key]
+        suffix = self.suffix(suffix)
         scaling = spec["autoscaling"]
         keda = self.v.get("keda") or {}
         if service == "inference":

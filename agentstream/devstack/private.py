@@ -33,13 +33,15 @@ import os
 import random
 import shutil
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 
 from agentstream.devstack import files, process
 from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, node_refs, node_state
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import DATABASE_LOGINS, StackSecrets, create_database_logins
-from agentstream.ops.acls import ADMIN, acl_bindings, apply_acls
+from agentstream.ops.acls import ADMIN, acl_bindings, apply_acls, tenant_principal
+from agentstream.ops.client_quotas import TenantKafkaQuota, apply_client_quotas
 from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.config.stack_state import (
@@ -89,8 +91,11 @@ class PrivateStack:
     """Kafka and PostgreSQL in ``state_dir`` on free ports (see the module docstring)."""
 
     def __init__(self, state_dir: Path, *, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
-                 secure: bool = False, tenants: tuple[str, ...] = ()) -> None:
+                 secure: bool = False, tenants: tuple[str, ...] = (),
+                 tenant_quotas: Mapping[str, TenantKafkaQuota] | None = None) -> None:
         defaults = StackPaths.from_env()
+        #: Each tenant's Kafka quota (a tenant not named: ``TenantKafkaQuota.load()``, as ``dev up`` sets it).
+        self.tenant_quotas = {tenant: (tenant_quotas or {}).get(tenant) or TenantKafkaQuota.load() for tenant in tenants}
         self.paths = StackPaths(cache_dir=defaults.cache_dir, state_dir=state_dir, infra_dir=defaults.infra_dir)
         self.secrets = StackSecrets.ensure(state_dir / "secrets", tenants) if secure else None
         self.cluster = KafkaCluster(infra_dir=self.paths.infra_dir, cache_dir=self.paths.cache_dir,
@@ -174,6 +179,8 @@ class PrivateStack:
         await migrations.migrate(self.database_url)
         if self.secrets:
             await create_database_logins(self.database_url, self.secrets)
+            await apply_client_quotas(self.bootstrap, self.auth(ADMIN),
+                                      {tenant_principal(t): quota for t, quota in self.tenant_quotas.items()})
 
     async def close(self, *, keep_data: bool = False) -> None:
         """Stop both servers; delete their data unless ``keep_data`` (as root PostgreSQL's is outside the
@@ -205,6 +212,10 @@ class PrivateStack:
 
     def kafka_pid(self, node: int = 1) -> int | None:
         ref = self._nodes().get(node)
+        return ref.pid if ref is not None and ref.alive() else None
+
+    def postgres_pid(self) -> int | None:
+        ref = self._ref("postgres")
         return ref.pid if ref is not None and ref.alive() else None
 
     def _live(self, node: int) -> process.ProcessRef:

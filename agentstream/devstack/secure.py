@@ -21,6 +21,7 @@ import hashlib
 import os
 import secrets
 import string
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +30,15 @@ from agentstream.streams.config.kafka_auth import KafkaAuth
 
 _SERVICE_ROLES = ("agentstream_planner", "agentstream_tools", "agentstream_retrieval", "agentstream_inference")
 #: PostgreSQL logins of the secure stack and the roles they are members of (migrations 0011, 0012 and
-#: 0015): the superuser (owner of the schema: migrations, ingest, replays, dead letters), each service's
-#: own (``worker`` runs all four), the client's read-only one (the default cell's runs only), the
-#: operator's reader (every cell's runs: ``agentstream status --operator``; never a client's) and the
-#: operator's approver.
+#: 0015, 0023): the superuser (owner of the schema: migrations, ingest), each service's own (``worker`` runs
+#: all four), the client's read-only one (the default cell's runs only), the operator's reader (every
+#: cell's runs and dead letters: ``status --operator``, ``dlq list|show``, ``replay show|diff``; never a
+#: client's), the operator's approver, the operator (``dlq redrive``: re-drive records only) and the
+#: replays' (``replay rerun|fork|window``: writes replay pipelines' runs only).
 DATABASE_LOGINS: dict[str, tuple[str, ...]] = {
     "postgres": (), "client": ("agentstream_reader",), "operator-reader": ("agentstream_operator_reader",),
     "approver": ("agentstream_approver",), "gateway": ("agentstream_gateway",),
+    "operator": ("agentstream_operator",), "replay": ("agentstream_replay",),
     **{role.removeprefix("agentstream_"): (role,) for role in _SERVICE_ROLES}, "worker": _SERVICE_ROLES}
 SCRAM_ITERATIONS = 8192
 PROTOCOL = "SASL_PLAINTEXT"
@@ -70,8 +73,7 @@ class StackSecrets:
     @property
     def database_logins(self) -> dict[str, tuple[str, ...]]:
         """Each login and its roles (a tenant's also have a row in ``tenant_logins``)."""
-        tenants = {login: roles for t in self.tenants for login, roles in (
-            (tenant_principal(t), ("agentstream_tenant",)), (f"approver-{t}", ("agentstream_tenant_approver",)))}
+        tenants = {login: roles for t in self.tenants for login, roles in tenant_database_logins(t).items()}
         return {**DATABASE_LOGINS, **tenants}
 
     def path(self, name: str) -> Path:
@@ -112,26 +114,42 @@ class StackSecrets:
         return string.Template(template.read_text()).substitute(admin_password=self.password(ADMIN))
 
 
+def tenant_database_logins(tenant: str, principal: str | None = None) -> dict[str, tuple[str, ...]]:
+    """A tenant's database logins and their roles: its client's (named as its Kafka principal,
+    ``tenant-<name>`` unless ``principal`` says otherwise) and its approver's (``approver-<name>``)."""
+    return {principal or tenant_principal(tenant): ("agentstream_tenant",),
+            f"approver-{tenant}": ("agentstream_tenant_approver",)}
+
+
 async def create_database_logins(owner_url: str, secrets: StackSecrets) -> None:
     """The non-superuser logins of ``DATABASE_LOGINS`` with their passwords and group roles (which the
     migrations create), made or brought up to date; run as the schema's owner after the migrations."""
+    cells = {login: tenant_prefix(t) for t in secrets.tenants for login in tenant_database_logins(t)}
+    await ensure_database_logins(owner_url, secrets.database_logins, secrets.db_password, cells)
+
+
+async def ensure_database_logins(owner_url: str, logins: Mapping[str, tuple[str, ...]],
+                                 password: Callable[[str], str], tenant_prefixes: Mapping[str, str]) -> None:
+    """Each of ``logins`` with roles (a login without any is the owner's: left alone) made or brought up to
+    date with ``password(login)`` and its group roles, and each tenant login's prefix recorded
+    (``tenant_prefixes``: login -> topic prefix). ``dev up --secure`` and a deployment's setup Job
+    (``agentstream deploy setup``) both come here."""
     import asyncpg
 
     conn = await asyncpg.connect(owner_url)
     try:
-        for login, roles in secrets.database_logins.items():
+        for login, roles in logins.items():
             if not roles:
                 continue
             verb = "ALTER" if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login) else "CREATE"
             # DDL takes no parameters: the statement is quoted by the server's format() (%I, %L).
             await conn.execute(await conn.fetchval("SELECT format('%s ROLE %I LOGIN PASSWORD %L', $1::text, $2::text, "
-                                                   "$3::text)", verb, login, secrets.db_password(login)))
+                                                   "$3::text)", verb, login, password(login)))
             for role in roles:
                 await conn.execute(await conn.fetchval("SELECT format('GRANT %I TO %I', $1::text, $2::text)", role,
                                                        login))
-        for tenant in secrets.tenants:  # which prefix each tenant login may see (migration 0013)
-            for login in (tenant_principal(tenant), f"approver-{tenant}"):
-                await conn.execute("INSERT INTO tenant_logins (login, topic_prefix) VALUES ($1, $2) ON CONFLICT (login) "
-                                   "DO UPDATE SET topic_prefix = EXCLUDED.topic_prefix", login, tenant_prefix(tenant))
+        for login, prefix in tenant_prefixes.items():  # which prefix each tenant login may see (migration 0013)
+            await conn.execute("INSERT INTO tenant_logins (login, topic_prefix) VALUES ($1, $2) ON CONFLICT (login) "
+                               "DO UPDATE SET topic_prefix = EXCLUDED.topic_prefix", login, prefix)
     finally:
         await conn.close()

@@ -31,6 +31,7 @@ from agentstream.devstack.kafka import KafkaCluster, KafkaLauncher, metadata_ok,
 from agentstream.devstack.postgres import PostgresLauncher, default_work_dir
 from agentstream.devstack.secure import StackSecrets, create_database_logins
 from agentstream.ops.acls import acl_bindings, apply_acls, tenant_prefix, tenant_principal
+from agentstream.ops.client_quotas import TenantKafkaQuota, apply_client_quotas, tenant_quotas
 from agentstream.streams.config.env import dev_ports
 from agentstream.streams.config.kafka_auth import KafkaAuth
 from agentstream.streams.config.masking import mask_url, masked_repr
@@ -317,6 +318,9 @@ async def _prepare(settings: Settings, admin: KafkaAuth, secrets: StackSecrets |
             cell = dataclasses.replace(topics, prefix=tenant_prefix(tenant))
             await ensure_topics(settings.kafka_bootstrap, cell.specs(), auth=admin)
             await apply_acls(settings.kafka_bootstrap, admin, acl_bindings(cell, client=tenant_principal(tenant)))
+        if secrets is not None and secrets.tenants:  # each tenant's produce rate (agentstream/ops/client_quotas.py)
+            await apply_client_quotas(settings.kafka_bootstrap, admin,
+                                      tenant_quotas(secrets.tenants, TenantKafkaQuota.load()))
 
     async def database() -> None:
         await migrations.migrate(settings.database_url)

@@ -15,9 +15,11 @@ The principals (user names), one per party:
 - ``gateway``: the HTTP gateway (``agentstream worker gateway``): the client's rights in every cell it is
   granted (it acts for each tenant through the tenant's own cell) and the step results its streams show;
 - ``alerts``: the alerting app (faust: its own group, changelog topics under its application id);
-- ``replay``: ``agentstream replay`` (everything under the ``replay.`` prefix, its sessions' own, and
+- ``replay``: ``agentstream replay rerun|fork|window`` (everything under the ``replay.`` prefix, its sessions' own, and
   reading the recorded topics);
-- ``operator``: ``agentstream dlq`` (reads dead letters, re-drives them to their source topics);
+- ``operator``: ``agentstream dlq redrive`` (reads dead letters, re-drives them to their source topics);
+- ``operator-reader``: the operator's tools that only read (``dlq list|show``, ``replay show``): every
+  topic of each cell, read only;
 - ``admin``: the cluster's super user (creates topics, writes ACLs); no service runs as it.
 """
 
@@ -40,7 +42,7 @@ from agentstream.streams.kafka.topics import Topics
 
 SERVICES = ("planner", "inference", "tools", "retrieval")
 #: Every principal agentstream's own processes use; ``admin`` is the super user.
-PRINCIPALS = (*SERVICES, "worker", "client", "gateway", "alerts", "replay", "operator")
+PRINCIPALS = (*SERVICES, "worker", "client", "gateway", "alerts", "replay", "operator", "operator-reader")
 ADMIN = "admin"
 #: Parties of the contract that run as another principal: producers in other languages write as clients,
 #: ``agentstream dlq`` is the operator.
@@ -150,7 +152,12 @@ def acl_bindings(topics: Topics, *, client: str = "client") -> list[AclBinding]:
     # by it); it copies the original's tool catalogue.
     for resource in (Resource.TOPIC, Resource.GROUP):
         allow("replay", Operation.ALL, REPLAY_PREFIX, resource, Pattern.PREFIXED)
-    allow("replay", Operation.READ, f"{topics.prefix}agent.", Resource.TOPIC, Pattern.PREFIXED)  # timelines
+    allow("replay", Operation.READ, f"{topics.prefix}agent.", Resource.TOPIC, Pattern.PREFIXED)  # catalogues
+    # The operator's tools that only read: dead letters (`dlq list|show`) and a timeline's cross-check of
+    # every recorded event (`replay show`), in every cell, and nothing written.
+    allow("operator-reader", Operation.READ, f"{topics.prefix}agent.", Resource.TOPIC, Pattern.PREFIXED)
+    if client != "client":  # a tenant inspects its own cell's dead letters (`AGENTSTREAM_TENANT=… agentstream dlq`)
+        out.add(AclBinding(client, Resource.TOPIC, topics.dlq, Operation.READ))
     return sorted(out)
 
 

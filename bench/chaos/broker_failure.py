@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -50,14 +49,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from agentstream.devstack.private import PrivateStack
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.masking import mask_url
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.kafka.topic_admin import ensure_topics
 from agentstream.streams.kafka.topics import Topics
+from bench.chaos.chaos_faults import fully_replicated
 from bench.chaos.chaos_procs import groups_ready, terminate_all
 from bench.chaos.chaos_tools import CREATE_EFFECTS_TABLE, EFFECTS_TABLE
 
@@ -138,25 +136,6 @@ async def wait_ready(client: AgentClient, timeout: float = 120) -> None:
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.5)
-
-
-async def fully_replicated(bootstrap: str, timeout: float = 120) -> None:
-    """Until every partition of every topic has all its replicas in sync."""
-    deadline = time.monotonic() + timeout
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        while True:
-            with contextlib.suppress(Exception):
-                names = list(await admin.list_topics())
-                described = await admin.describe_topics(names)
-                if all(len(p["isr"]) == len(p["replicas"]) for t in described for p in t["partitions"]):
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError("partitions still under-replicated")
-            await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
 
 
 def longest_gap(times: list[float], start: float, end: float) -> float:

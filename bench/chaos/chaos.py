@@ -14,7 +14,11 @@ PostgreSQL: nothing lost, nothing stuck, no side effect or event applied twice, 
 no dead letter that is not an injected record's, a reason for every failure. The definitions are in
 bench/chaos/chaos_check.py.
 
-    .venv/bin/python -m bench.chaos.chaos [--quick] [--json] [--keep] [--skip KIND ...]
+    .venv/bin/python -m bench.chaos.chaos [--quick] [--secure] [--json] [--keep] [--skip KIND ...]
+
+``--secure`` runs it where production runs (bench/chaos/chaos_cells.py): three Kafka nodes, SASL/SCRAM and
+ACLs, each service as its own principal and login, two tenants; the broker faults then kill one node and,
+later, the active controller.
 
 Prints a summary table (and, when a check fails, the tail of every process's log); with ``--json`` the
 last line is one JSON object. Exit status: 0 when every check holds, 1 when one fails, 2 when the suite
@@ -47,13 +51,22 @@ from agentstream.devstack.private import PrivateStack
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.kafka.codec import codec_for
-from bench.chaos.chaos_check import Report, build_report, dumps, gather_evidence
+from bench.chaos.chaos_cells import (
+    TENANTS,
+    Cell,
+    cells_for,
+    client_settings,
+    ingest_env,
+    make_stack,
+    prepare,
+    specs,
+)
+from bench.chaos.chaos_check import Report, build_report, dumps, gather_evidence, merge_reports
 from bench.chaos.chaos_faults import (
     FULL,
     MODEL_SERVER,
     QUICK,
     SCALE_PLANNER,
-    SERVICES,
     FaultRecord,
     FaultRunner,
     FaultStep,
@@ -63,22 +76,10 @@ from bench.chaos.chaos_faults import (
 )
 from bench.chaos.chaos_load import CHAOS_AGENTS, REQUEST_TIMEOUT_S, Load, OutcomeLog, run_kinds
 from bench.chaos.chaos_poison import inject
-from bench.chaos.chaos_procs import (
-    FOREIGN_ENV,
-    ProcSpec,
-    SuiteError,
-    Supervisor,
-    child_env,
-    groups_ready,
-    model_ready,
-    model_server_argv,
-    worker_argv,
-)
+from bench.chaos.chaos_procs import FOREIGN_ENV, SuiteError, Supervisor, groups_ready, model_ready
 from bench.chaos.chaos_report import logs_dir, print_summary, print_tails
-from bench.chaos.chaos_tools import CREATE_EFFECTS_TABLE
 
 SESSION_TIMEOUT_MS = 6000
-TOOLS_MODULE = "bench.chaos.chaos_tools"
 #: The baseline runs (one of each kind but the cancelled one, before any fault) must end within this.
 BASELINE_TIMEOUT_S = 60.0
 #: After every run has an outcome: how long to keep watching for a late duplicate before stopping.
@@ -120,16 +121,6 @@ MODES = {
 
 
 # -- set-up -------------------------------------------------------------------------------------------
-def specs(stack: PrivateStack, logs: Path, model_port: int) -> list[ProcSpec]:
-    env = child_env(stack, {"AGENTSTREAM_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)})
-    url = f"http://127.0.0.1:{model_port}/v1"
-    out = [ProcSpec(MODEL_SERVER, model_server_argv(model_port), env, logs / f"{MODEL_SERVER}.log")]
-    names = [f"{s}-{n}" for s in SERVICES for n in (1, 2)] + [SCALE_PLANNER]
-    for name in names:
-        out.append(ProcSpec(name, worker_argv(name.rsplit("-", 1)[0], url, TOOLS_MODULE), env, logs / f"{name}.log"))
-    return out
-
-
 def write_notes(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in NOTES.items():
@@ -141,7 +132,7 @@ async def ingest_notes(stack: PrivateStack, directory: Path) -> None:
     await asyncio.to_thread(write_notes, directory)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentstream.cli", "ingest", str(directory), "--json",
-        env=child_env(stack, {}), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        env=ingest_env(stack), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise SuiteError(f"agentstream ingest failed:\n{out.decode(errors='replace')[-2000:]}")
@@ -193,6 +184,17 @@ async def wait_for_outcomes(load: Load, outlog: OutcomeLog, database_url: str, g
         await asyncio.sleep(OUTCOME_POLL_S)
 
 
+@dataclass
+class CellLoad:
+    """One cell's side of the suite: its clients, load and live view of outcomes."""
+
+    cell: Cell
+    client: AgentClient
+    load: Load
+    outlog: OutcomeLog
+    count: int = 0
+
+
 class Suite:
     """One run of the suite on its stack: start the processes, load and faults, verdict, stop."""
 
@@ -201,9 +203,13 @@ class Suite:
         self.settings = dataclasses.replace(Settings.load(stack.paths), topic_prefix="",
                                             session_timeout_ms=SESSION_TIMEOUT_MS)
         self.codec = codec_for(self.settings)
+        #: The checker's Kafka identity: the administrator on a secure stack (it reads every cell's topics).
+        self.auth = stack.auth()
+        self.cells = cells_for(args.secure)
         self.model_port = process.free_port()
         self.sup = Supervisor()
-        for spec in specs(stack, logs_dir(stack), self.model_port):
+        extra = {"AGENTSTREAM_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)}
+        for spec in specs(stack, self.cells, logs_dir(stack), self.model_port, extra):
             self.sup.add(spec)
         self.stop = asyncio.Event()
         self.background: list[asyncio.Task] = []
@@ -222,11 +228,7 @@ class Suite:
             await self.sup.stop_all(STOP_GRACE_S)
 
     async def start_processes(self) -> None:
-        conn = await asyncpg.connect(self.stack.database_url)
-        try:
-            await conn.execute(CREATE_EFFECTS_TABLE)
-        finally:
-            await conn.close()
+        await prepare(self.stack, self.cells)
         self.sup.start(MODEL_SERVER)
         await ingest_notes(self.stack, self.workdir / "notes")
         await model_ready(self.model_port)
@@ -234,57 +236,75 @@ class Suite:
             if name not in (MODEL_SERVER, SCALE_PLANNER):
                 self.sup.start(name)
         self.background.append(asyncio.create_task(self.sup.watch(self.stop)))
-        await groups_ready(self.stack.bootstrap, {f"agentstream.{s}": 2 for s in SERVICES}, self.sup)
+        groups = {g: n for cell in self.cells for g, n in cell.groups().items()}
+        await groups_ready(self.stack.bootstrap, groups, self.sup, self.auth)
 
     def _plan(self) -> tuple[list[FaultStep], float, int]:
-        plan = [s for s in build_plan(self.mode.timings) if s.kind not in self.args.skip]
+        plan = [s for s in build_plan(self.mode.timings, self.stack.cluster.size) if s.kind not in self.args.skip]
         needed = plan_length_s(plan, self.mode.timings) + self.mode.tail_s if plan else 0.0
         duration = max(self.args.duration or self.mode.duration_s, needed)
         count = self.args.runs or round(self.mode.runs * duration / self.mode.duration_s)
         return plan, duration, count
 
+    async def _open_cell(self, exits: contextlib.AsyncExitStack, cell: Cell, kinds: list, count: int) -> CellLoad:
+        submit, approve = client_settings(self.stack, cell, self.settings)
+        client = await exits.enter_async_context(AgentClient(submit))
+        approver = await exits.enter_async_context(AgentClient(approve)) if approve is not None else None
+        outlog = OutcomeLog(self.stack.bootstrap, client.topics.outcomes, submit.partitions, self.codec, self.auth)
+        self.background.append(asyncio.create_task(outlog.follow(self.stop)))
+        await client.agents.register(*CHAOS_AGENTS)  # the tree kind's agents
+        load = Load(client, kinds, self.deadline_s, self.args.seed + len(cell.prefix), approver=approver)
+        return CellLoad(cell, client, load, outlog, max(1, round(count * cell.share)))
+
     async def load_and_check(self) -> dict:
         plan, duration, count = self._plan()
         kinds = run_kinds(self.mode.cancel_slow_ms, self.mode.cancel_after_s)
-        async with AgentClient(self.settings) as client:
-            outlog = OutcomeLog(self.stack.bootstrap, client.topics.outcomes, self.settings.partitions, self.codec)
-            self.background.append(asyncio.create_task(outlog.follow(self.stop)))
-            await client.agents.register(*CHAOS_AGENTS)  # the tree kind's agents
-            load = Load(client, kinds, self.deadline_s, self.args.seed)
+        async with contextlib.AsyncExitStack() as exits:
+            cells = [await self._open_cell(exits, cell, kinds, count) for cell in self.cells]
+            primary = cells[0]
             approver_stop = asyncio.Event()
-            self.background.append(asyncio.create_task(load.approve_until(approver_stop)))
-            base = await baseline(load, outlog)
-            faults = FaultRunner(self.stack, self.sup, lambda: self._poison(client),
+            for c in cells:
+                self.background.append(asyncio.create_task(c.load.approve_until(approver_stop)))
+            bases = await asyncio.gather(*(baseline(c.load, c.outlog) for c in cells))
+            faults = FaultRunner(self.stack, self.sup, lambda: self._poison(primary.client),
                                  lambda: model_ready(self.model_port), STOP_GRACE_S)
             started, origin = time.time(), time.monotonic()
             fault_task = asyncio.create_task(faults.run(plan, origin))
-            await load.submit_for(duration, count)
+            await asyncio.gather(*(c.load.submit_for(duration, c.count) for c in cells))
             submitted_s = time.monotonic() - origin
             await fault_task
-            await load.drain()
-            await wait_for_outcomes(load, outlog, self.stack.database_url, self.grace_s)
+            for c in cells:
+                await c.load.drain()
+            await asyncio.gather(*(wait_for_outcomes(c.load, c.outlog, self.stack.database_url, self.grace_s)
+                                   for c in cells))
             await asyncio.sleep(SETTLE_S)
             approver_stop.set()
             self.stop.set()
             await self.sup.stop_all(STOP_GRACE_S)
-            runs = list(load.runs.values())
-            try:
-                evidence = await asyncio.wait_for(gather_evidence(
-                    self.stack.bootstrap, self.stack.database_url, client.topics, self.codec,
-                    [r.run_id for r in runs]), EVIDENCE_TIMEOUT_S)
-            except TimeoutError as exc:
-                raise SuiteError(f"reading the evidence back took over {EVIDENCE_TIMEOUT_S:.0f} s") from exc
-        injected = [i for f in faults.records for i in f.detail.pop("injected", [])]
-        seen = {run_id: o.seen for run_id, o in outlog.first.items()}
-        report = build_report(runs, evidence, injected, faults.records, self.grace_s, seen)
+            injected = [i for f in faults.records for i in f.detail.pop("injected", [])]
+            reports = [await self._verdict(c, injected if c is primary else [], faults.records) for c in cells]
         phase = {"started": started, "submitted_s": submitted_s, "duration": duration, "count": count}
-        return self.assemble(report, faults.records, load, base, phase)
+        base = bases[0] if len(cells) == 1 else {c.cell.label: b for c, b in zip(cells, bases, strict=True)}
+        return self.assemble(merge_reports([(c.cell.label, r) for c, r in zip(cells, reports, strict=True)]),
+                             faults.records, [c.load for c in cells], base, phase)
+
+    async def _verdict(self, cell: CellLoad, injected: list, faults: list[FaultRecord]) -> Report:
+        """Read ``cell``'s topics and tables back (as the administrator and the schema's owner) and judge."""
+        runs = list(cell.load.runs.values())
+        try:
+            evidence = await asyncio.wait_for(gather_evidence(
+                self.stack.bootstrap, self.stack.database_url, cell.client.topics, self.codec,
+                [r.run_id for r in runs], self.auth), EVIDENCE_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise SuiteError(f"reading the evidence back took over {EVIDENCE_TIMEOUT_S:.0f} s") from exc
+        seen = {run_id: o.seen for run_id, o in cell.outlog.first.items()}
+        return build_report(runs, evidence, injected, faults, self.grace_s, seen)
 
     async def _poison(self, client: AgentClient) -> dict:
-        injected = await inject(self.stack.bootstrap, client.topics, self.codec)
+        injected = await inject(self.stack.bootstrap, client.topics, self.codec, self.auth)
         return {"injected": injected, "records": len(injected)}
 
-    def assemble(self, report: Report, faults: list[FaultRecord], load: Load, base: dict, phase: dict) -> dict:
+    def assemble(self, report: Report, faults: list[FaultRecord], loads: list[Load], base: dict, phase: dict) -> dict:
         """The JSON object: the counts first, then the evidence behind them."""
         c, started = report.counts, phase["started"]
         invariants_hold = (c["lost"] == c["stuck"] == c["duplicated_effects"] == c["duplicated_events"]
@@ -296,20 +316,27 @@ class Suite:
         timeline = [{"fault": f.label, "planned_s": f.planned_s, "start_s": round(f.started - started, 2),
                      "end_s": None if f.ended is None else round(f.ended - started, 2),
                      "completed_during": n, "error": f.error, **f.detail} for f, n in zip(ordered, during, strict=True)]
+        stats = [dataclasses.asdict(load.stats) for load in loads]
         return {
             **c, **report.details,
             "faults": timeline, "fault_errors": fault_errors,
             "ok": invariants_hold and not fault_errors and not self.args.skip,
-            "mode": self.mode.name, "skipped_faults": sorted(self.args.skip), "baseline": base,
-            "load": {"submitted": len(load.runs), "planned": phase["count"],
+            "mode": self.mode.name, "stack": stack_label(self.stack), "skipped_faults": sorted(self.args.skip),
+            "baseline": base,
+            "load": {"submitted": sum(len(load.runs) for load in loads), "planned": phase["count"],
                      "submit_phase_s": round(phase["submitted_s"], 1), "planned_duration_s": round(phase["duration"], 1),
                      "deadline_s": self.deadline_s, "grace_s": self.grace_s, "session_timeout_ms": SESSION_TIMEOUT_MS,
-                     **dataclasses.asdict(load.stats)},
+                     **{k: sum(s[k] for s in stats) for k in stats[0]}},
             "worker_exits": [{"process": e.name, "returncode": e.returncode, "at_s": round(e.at - started, 1),
                               "uptime_s": e.uptime_s, "during": _active(ordered, e.at),
                               "log_tail": e.tail.splitlines()[-8:]} for e in self.sup.exits],
             "restarts": dict(self.sup.restarts),
         }
+
+
+def stack_label(stack: PrivateStack) -> str:
+    nodes = f"{stack.cluster.size} Kafka node{'s' if stack.cluster.size > 1 else ''}"
+    return f"secure, {nodes}, tenants {', '.join(TENANTS)}" if stack.secrets is not None else f"default, {nodes}"
 
 
 def _active(faults: list[FaultRecord], at: float) -> list[str]:
@@ -349,6 +376,9 @@ def parse_args() -> argparse.Namespace:
                         help="leave out a kind of fault (sigkill, scale_up, scale_down, pause, postgres_outage, "
                              "broker_kill, model_outage, poison); repeatable; the result is then not 'ok'")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the stack's data afterwards")
+    parser.add_argument("--secure", action="store_true",
+                        help="where production runs: three Kafka nodes, SASL/SCRAM and ACLs, each service as its own "
+                             "principal and login, two tenants (bench/chaos/chaos_cells.py)")
     return parser.parse_args()
 
 
@@ -363,7 +393,7 @@ def main() -> None:
     stack: PrivateStack | None = None
     result: dict | None = None
     try:
-        stack = PrivateStack(workdir / "state")
+        stack = make_stack(workdir / "state", args.secure)
         log_to_file(logs_dir(stack) / "suite.log")
         # Settings.load() in this process resolves to the suite's stack (not KAFKA_BOOTSTRAP_SERVERS /
         # DATABASE_URL: those would make `dev up` treat the stack as someone else's and not start it).

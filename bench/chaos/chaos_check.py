@@ -47,6 +47,7 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import DeadLetter, RunCompleted, RunFailed, RunStateSnapshot
 from agentstream.streams.kafka.codec import Codec
@@ -72,9 +73,10 @@ class TopicRecord:
     event: Any  # the decoded event, or None when it does not decode
 
 
-async def read_topic(bootstrap: str, topic: str, partitions: int, codec: Codec) -> list[TopicRecord]:
+async def read_topic(bootstrap: str, topic: str, partitions: int, codec: Codec,
+                     auth: KafkaAuth | None = None) -> list[TopicRecord]:
     """Every record of ``topic`` up to its end offsets now, decoded, in (partition, offset) order."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_options(bootstrap, auth or KafkaAuth()), enable_auto_commit=False,
                                 isolation_level="read_committed", max_partition_fetch_bytes=FETCH_BYTES,
                                 fetch_max_bytes=FETCH_BYTES)
     await consumer.start()
@@ -122,10 +124,10 @@ class Evidence:
 
 
 async def gather_evidence(bootstrap: str, database_url: str, topics: Topics, codec: Codec,
-                          run_ids: list[str]) -> Evidence:
+                          run_ids: list[str], auth: KafkaAuth | None = None) -> Evidence:
     partitions = {s.name: s.partitions for s in topics.specs()}
     outcomes, snapshots, letters = await asyncio.gather(
-        *(read_topic(bootstrap, t, partitions[t], codec) for t in (topics.outcomes, topics.runs, topics.dlq)))
+        *(read_topic(bootstrap, t, partitions[t], codec, auth) for t in (topics.outcomes, topics.runs, topics.dlq)))
     conn = await asyncpg.connect(database_url)
     try:
         children = await conn.fetch(
@@ -274,23 +276,29 @@ def session_checks(verdicts: list[RunVerdict], evidence: Evidence) -> dict[str, 
 
 def tree_checks(verdicts: list[RunVerdict], evidence: Evidence) -> dict[str, Any]:
     """The ``tree`` kind's runs against their sub-agents: a completed parent has exactly one child per
-    sub-agent step (two), each completed, each with its one side effect; no parent step has two children.
-    A violation is a child lost, started twice or unfinished under a parent that answered."""
+    sub-agent step (two), each completed; no parent step has two children. A violation is a child lost,
+    started twice or unfinished under a parent that answered. A completed child without its side effect is
+    counted apart (``children_missing_effects``), as ``completed_runs_missing_effects`` is for the other
+    kinds: a tool call cut off mid-way (its worker killed while the database was down) is answered
+    "interrupted" and not run again (at most once), and the child's model answers all the same."""
     by_parent: dict[str, list[asyncpg.Record]] = defaultdict(list)
     for child in evidence.children:
         by_parent[child["parent"]].append(child)
     effects = Counter(r["run_id"] for r in evidence.effects)
     violations = []
+    missing = 0
     twice = sum(n - 1 for n in Counter((c["parent"], c["step"]) for c in evidence.children).values() if n > 1)
     for v in verdicts:
         if v.run.kind.agent is None or v.status != "completed":
             continue
         kids = by_parent.get(v.run.run_id, [])
-        if len(kids) != 2 or any(k["status"] != "completed" or effects[k["run_id"]] < 1 for k in kids):
+        missing += sum(1 for k in kids if k["status"] == "completed" and effects[k["run_id"]] < 1)
+        if len(kids) != 2 or any(k["status"] != "completed" for k in kids):
             violations.append({"run_id": v.run.run_id, "children": [(k["run_id"], k["status"], effects[k["run_id"]])
                                                                     for k in kids]})
     return {"trees": sum(1 for v in verdicts if v.run.kind.agent is not None), "children": len(evidence.children),
-            "children_started_twice": twice, "violations": len(violations) + twice, "examples": violations[:LIST_LIMIT]}
+            "children_started_twice": twice, "children_missing_effects": missing,
+            "violations": len(violations) + twice, "examples": violations[:LIST_LIMIT]}
 
 
 def letter_checks(evidence: Evidence, injected: list[Injected]) -> dict[str, Any]:
@@ -379,7 +387,7 @@ def build_report(runs: list[SubmittedRun], evidence: Evidence, injected: list[In
                                          {k: r[k] for k in ("run_id", "step_id", "event_type", "n")}
                                          for r in evidence.event_dupes[:LIST_LIMIT]]},
         "sessions": {k: conversations[k] for k in ("sessions", "turns", "examples")},
-        "trees": {k: trees[k] for k in ("trees", "children", "children_started_twice", "examples")},
+        "trees": {k: trees[k] for k in ("trees", "children", "children_started_twice", "children_missing_effects", "examples")},
         "dead_letter_reasons": letters["real"][:LIST_LIMIT],
         "dead_letters_by_kind": dict(Counter(f"{d['consumer']}:{d['error_kind']}" for d in letters["real"])),
         "poison_derived_dead_letters": letters["derived"][:LIST_LIMIT],
@@ -427,3 +435,26 @@ def _by_kind(verdicts: list[RunVerdict]) -> dict[str, dict[str, Any]]:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
+
+
+def merge_reports(reports: list[tuple[str, Report]]) -> Report:
+    """One verdict over several cells (``--secure``: two tenants): every count summed (a violation in any
+    cell fails the suite), each cell's counts kept under ``cells``, the examples (lost and stuck runs, dead
+    letters…) of every cell; the other details (runs by kind, recovery) are the first cell's, where the
+    faults aim."""
+    if len(reports) == 1:
+        return reports[0][1]
+    merged = Report(counts={}, details=dict(reports[0][1].details))
+    for key, value in reports[0][1].counts.items():
+        if isinstance(value, dict):
+            total: Counter = Counter()
+            for _, report in reports:
+                total.update(report.counts[key])
+            merged.counts[key] = dict(total)
+        else:
+            merged.counts[key] = sum(report.counts[key] for _, report in reports)
+    merged.details["cells"] = {label: report.counts for label, report in reports}
+    for key, value in reports[0][1].details.items():  # the examples (lost runs, dead letters…) of every cell
+        if isinstance(value, list) and key != "completed_during_fault":
+            merged.details[key] = [item for _, report in reports for item in report.details.get(key, [])]
+    return merged

@@ -8,7 +8,8 @@ Every kind of fault happens in every mode (``--quick`` shortens them and lets th
 - ``pause``: SIGSTOP a planner for longer than the session timeout, then SIGCONT: its partitions have
   moved on meanwhile and it wakes up believing it still owns them;
 - ``postgres_outage``: ``pg_ctl stop -m fast``, then start it again;
-- ``broker_kill``: SIGKILL the Kafka broker, restart it on its data;
+- ``broker_kill``: SIGKILL the Kafka broker, restart it on its data (on a three-node cluster, ``--secure``:
+  one node, and later the node leading the metadata quorum: the active controller);
 - ``model_outage``: SIGKILL the model server, restart it later;
 - ``poison``: records no service can use, into every input topic (``chaos_poison``).
 
@@ -19,17 +20,24 @@ answering again); its recovery is measured from there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from aiokafka.admin import AIOKafkaAdminClient
+
 from agentstream.devstack.private import PrivateStack
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from bench.chaos.chaos_procs import Supervisor
 
 SERVICES = ("planner", "inference", "tools", "retrieval")
 MODEL_SERVER = "model-server"
 SCALE_PLANNER = "planner-3"
+#: The ``broker_kill`` target that means the node leading the KRaft metadata quorum when the fault begins.
+CONTROLLER = "controller"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,10 +74,11 @@ class FaultStep:
         return f"{self.kind} {self.target}".strip()
 
 
-def build_plan(t: Timings) -> list[FaultStep]:
+def build_plan(t: Timings, brokers: int = 1) -> list[FaultStep]:
     """The schedule: poison, a kill round, scale up, pause, PostgreSQL outage, a kill round, broker kill,
-    model server outage, scale down, then the remaining kill rounds. Each step starts after the previous
-    one's hold (less the overlap) and ``settle_s``."""
+    model server outage, (on a cluster of ``brokers`` nodes: the controller's kill,) scale down, then the
+    remaining kill rounds. Each step starts after the previous one's hold (less the overlap) and
+    ``settle_s``."""
     steps: list[FaultStep] = []
     cursor = t.lead_in_s
 
@@ -88,8 +97,12 @@ def build_plan(t: Timings) -> list[FaultStep]:
     add("pause", "planner-2", t.pause_s)
     add("postgres_outage", "postgresql", t.outage_s, t.restart_guess_s)
     kill_round(1)
-    add("broker_kill", "kafka", t.broker_down_s, t.restart_guess_s)
+    # One broker is the whole cluster on the default stack; on a cluster, a follower node first and the
+    # metadata quorum's leader (the active controller) later, each a broker of some partitions' leaders.
+    add("broker_kill", "kafka" if brokers == 1 else "node-2", t.broker_down_s, t.restart_guess_s)
     add("model_outage", MODEL_SERVER, t.outage_s)
+    if brokers > 1:
+        add("broker_kill", CONTROLLER, t.broker_down_s, t.restart_guess_s)
     add("scale_down", SCALE_PLANNER)
     for n in range(2, t.kill_rounds):
         kill_round(n)
@@ -125,6 +138,7 @@ class FaultRunner:
     model_ready: Callable[[], Awaitable[None]]
     stop_grace_s: float
     records: list[FaultRecord] = field(default_factory=list)
+    _broker_faults: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def run(self, steps: list[FaultStep], origin: float) -> None:
         """Each step at its time, concurrently (steps may overlap); returns when all are over."""
@@ -176,11 +190,26 @@ class FaultRunner:
         return {"restart_s": round(time.monotonic() - t0, 2)}
 
     async def _broker_kill(self, step: FaultStep) -> dict:
-        await self.stack.kill_kafka()
-        await asyncio.sleep(step.hold_s)
-        t0 = time.monotonic()
-        await self.stack.start_kafka()
-        return {"restart_s": round(time.monotonic() - t0, 2)}
+        """SIGKILL a node (``kafka``: the only one; ``node-N``; ``controller``: the quorum's leader now),
+        start it again on its data after the hold; returns once the cluster lists it again. On a cluster,
+        one node at a time, each only once every partition is fully replicated again: a second node lost
+        before the first has caught up leaves partitions under ``min.insync.replicas``, an outage of writes
+        that three nodes do not promise to survive."""
+        async with self._broker_faults:
+            cluster = self.stack.cluster.size > 1
+            if cluster:
+                await fully_replicated(self.stack.bootstrap, self.stack.auth())
+            node = (controller_leader(self.stack) if step.target == CONTROLLER
+                    else int(step.target.removeprefix("node-")) if step.target.startswith("node-") else 1)
+            await self.stack.kill_kafka(node)
+            await asyncio.sleep(step.hold_s)
+            t0 = time.monotonic()
+            await self.stack.start_kafka()
+            detail = {"node": node, "restart_s": round(time.monotonic() - t0, 2)}
+            if cluster:
+                await fully_replicated(self.stack.bootstrap, self.stack.auth())
+                detail["replicated_s"] = round(time.monotonic() - t0, 2)
+            return detail
 
     async def _model_outage(self, step: FaultStep) -> dict:
         await self.sup.kill(step.target)
@@ -191,3 +220,42 @@ class FaultRunner:
 
     async def _poison(self, step: FaultStep) -> dict:
         return await self.inject_poison()
+
+
+def controller_leader(stack: PrivateStack) -> int:
+    """The node that leads the KRaft metadata quorum, as the live nodes last recorded it: each node keeps
+    the leader and epoch it knows in ``__cluster_metadata-0/quorum-state``; the highest epoch is the news.
+    (aiokafka has no DescribeQuorum, and a broker's metadata names a random node as "controller".)"""
+    best: tuple[int, int] | None = None
+    for n, node in enumerate(stack.cluster.nodes, start=1):
+        if stack.kafka_pid(n) is None:
+            continue
+        path = node.data_dir / "__cluster_metadata-0" / "quorum-state"
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if int(state.get("leaderId", -1)) > 0 and (best is None or int(state["leaderEpoch"]) > best[0]):
+            best = (int(state["leaderEpoch"]), int(state["leaderId"]))
+    if best is None:
+        raise RuntimeError("no live node has recorded a metadata quorum leader")
+    return best[1]
+
+
+async def fully_replicated(bootstrap: str, auth: KafkaAuth | None = None, timeout: float = 120) -> None:
+    """Until every partition of every topic has all its replicas in sync."""
+    deadline = time.monotonic() + timeout
+    admin = AIOKafkaAdminClient(**kafka_options(bootstrap, auth or KafkaAuth()))
+    await admin.start()
+    try:
+        while True:
+            with contextlib.suppress(Exception):
+                names = list(await admin.list_topics())
+                described = await admin.describe_topics(names)
+                if all(len(p["isr"]) == len(p["replicas"]) for t in described for p in t["partitions"]):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("partitions still under-replicated")
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agentstream.streams.client.agent_client import AgentClient
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.core.agents import Agent
 from agentstream.streams.core.errors import DecodeError
 from agentstream.streams.core.events import RunCompleted, RunFailed, TaskSubmitted
@@ -143,8 +144,12 @@ async def _retry(what: Callable[[], object], until: float, on_error: Callable[[B
 class Load:
     """Submits the mix at a steady rate, cancels the runs that ask for it, approves waiting calls."""
 
-    def __init__(self, client: AgentClient, kinds: list[RunKind], deadline_s: float, seed: int) -> None:
+    def __init__(self, client: AgentClient, kinds: list[RunKind], deadline_s: float, seed: int,
+                 approver: AgentClient | None = None) -> None:
         self.client = client
+        #: Who lists and approves waiting calls: on a secure stack the cell's approver login (a tenant's
+        #: own login may submit and read, not decide).
+        self.approver = approver or client
         self.kinds = kinds
         self.deadline_s = deadline_s
         self.random = random.Random(seed)
@@ -229,7 +234,7 @@ class Load:
         decided: set[tuple[str, str]] = set()
         while not stop.is_set():
             try:
-                waiting = await asyncio.wait_for(self.client.awaiting_approval(), REQUEST_TIMEOUT_S)
+                waiting = await asyncio.wait_for(self.approver.awaiting_approval(), REQUEST_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -246,7 +251,7 @@ class Load:
         run_id, step_id = key
         while not stop.is_set():
             try:
-                await asyncio.wait_for(self.client.approve(run_id, step_id, "chaos approver", by="chaos"),
+                await asyncio.wait_for(self.approver.approve(run_id, step_id, "chaos approver", by="chaos"),
                                        REQUEST_TIMEOUT_S)
                 decided.add(key)
                 self.stats.approvals += 1
@@ -278,11 +283,12 @@ class OutcomeLog:
     topic: str
     partitions: int
     codec: Codec
+    auth: KafkaAuth = field(default_factory=KafkaAuth)
     first: dict[str, Outcome] = field(default_factory=dict)
     errors: int = 0
 
     async def follow(self, stop: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+        consumer = AIOKafkaConsumer(**kafka_options(self.bootstrap, self.auth), enable_auto_commit=False,
                                     isolation_level="read_committed", fetch_max_wait_ms=200)
         await consumer.start()
         try:

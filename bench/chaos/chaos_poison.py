@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from aiokafka import AIOKafkaProducer
 
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.core.events import (
     Event,
     InferenceCompleted,
@@ -109,9 +110,10 @@ def _value(kind: str, role: str, run_id: str, codec: Codec) -> bytes:
     return codec.encode(poison_event(role, run_id, text))
 
 
-async def inject(bootstrap: str, topics: Topics, codec: Codec) -> list[Injected]:
-    """Send every kind of poison to every input topic; return where each record landed."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="gzip",
+async def inject(bootstrap: str, topics: Topics, codec: Codec, auth: KafkaAuth | None = None) -> list[Injected]:
+    """Send every kind of poison to every input topic; return where each record landed (on a secure stack
+    as ``auth``: the administrator, standing in for a service that went wrong)."""
+    producer = AIOKafkaProducer(**kafka_options(bootstrap, auth or KafkaAuth()), acks="all", compression_type="gzip",
                                 max_request_size=PRODUCER_MAX_REQUEST_BYTES, request_timeout_ms=30_000)
     await producer.start()
     injected: list[Injected] = []

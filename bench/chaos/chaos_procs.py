@@ -1,6 +1,6 @@
 """The chaos suite's own stack and processes: Kafka + PostgreSQL in a temporary state directory on free
 ports, the model server and the workers, each tracked by PID so the suite only ever signals what it
-started itself (never the shared dev stack on 39092/35432, never a process found by name).
+started itself (never the shared dev stack on 17092/17432, never a process found by name).
 
 The stack is a ``agentstream.devstack.private.PrivateStack`` (the launchers ``agentstream dev up`` uses, in a
 state directory of its own, on free ports), which can kill and restart either server; ``Supervisor`` runs the model server and
@@ -28,6 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agentstream.devstack import process
 from agentstream.devstack.private import PrivateStack
+from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 
 #: Environment a worker must not inherit from whoever runs the suite: it would point the worker at
 #: another cluster, database, prefix or state directory than the suite's own.
@@ -205,9 +206,9 @@ class Supervisor:
 def worker_argv(service: str, model_url: str, tools_module: str) -> list[str]:
     """``agentstream worker SERVICE`` with what the suite needs for that service."""
     argv = [sys.executable, "-m", "agentstream.cli", "worker", service, "--log-level", "INFO"]
-    if service == "inference":
+    if service in ("inference", "all"):
         argv += ["--backend", "openai", "--base-url", model_url, "--model", "scripted"]
-    if service == "tools":
+    if service in ("tools", "all"):
         argv += ["--tools", "agentstream.services.tools.builtin", "--tools", tools_module]
     return argv
 
@@ -216,10 +217,11 @@ def model_server_argv(port: int) -> list[str]:
     return [sys.executable, "-m", "agentstream.services.inference.scripted_server", "--port", str(port)]
 
 
-def child_env(stack: PrivateStack, extra: dict[str, str]) -> dict[str, str]:
-    """The parent's environment without anything that points elsewhere, plus the stack's and ``extra``."""
+def child_env(stack: PrivateStack, extra: dict[str, str], principal: str | None = None) -> dict[str, str]:
+    """The parent's environment without anything that points elsewhere, plus the stack's (on a secure stack
+    as Kafka ``principal`` and its own database login, when it has one) and ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
-    env.update(stack.env())
+    env.update(stack.env(principal))
     env.update({"AGENTSTREAM_TOPIC_PREFIX": "", "AGENTSTREAM_TRACING": "off", "AGENTSTREAM_METRICS_PORT": "off",
                 "PYTHONUNBUFFERED": "1"})
     env.update(extra)
@@ -253,10 +255,11 @@ def terminate_all(procs: list[subprocess.Popen], grace_s: float = 30.0) -> None:
             proc.kill()
 
 
-async def groups_ready(bootstrap: str, expected: dict[str, int], sup: Supervisor | None = None) -> None:
+async def groups_ready(bootstrap: str, expected: dict[str, int], sup: Supervisor | None = None,
+                       auth: KafkaAuth | None = None) -> None:
     """Until each consumer group is stable with the expected number of members."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_options(bootstrap, auth or KafkaAuth()))
     await admin.start()
     try:
         while True:

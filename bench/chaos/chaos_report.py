@@ -12,9 +12,12 @@ from bench.chaos.chaos_procs import TAIL_LINES
 def print_summary(result: dict) -> None:
     keys = ("runs", "completed", "lost", "stuck", "duplicated_effects", "duplicated_events",
             "snapshot_regressions", "dead_letters", "failed_without_reason", "session_violations", "tree_violations")
-    print(f"chaos suite ({result['mode']}): {'every check holds' if result['ok'] else 'CHECKS FAILED'}")
+    print(f"chaos suite ({result['mode']}, {result.get('stack', 'default')}): "
+          f"{'every check holds' if result['ok'] else 'CHECKS FAILED'}")
     for key in keys:
-        print(f"  {key:<24} {result[key]}")
+        by_cell = "  (" + ", ".join(f"{cell} {c[key]}" for cell, c in result["cells"].items()) + ")" \
+            if result.get("cells") else ""
+        print(f"  {key:<24} {result[key]}{by_cell}")
     print(f"  {'failed_by':<24} {result['failed_by']}")
     if result.get("sessions"):
         print(f"  {'sessions':<24} {result['sessions']['turns']} turns of {result['sessions']['sessions']} "

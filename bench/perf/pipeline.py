@@ -53,13 +53,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
 import asyncpg
 
-from agentstream.devstack.stack import DevStack
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.kafka.topic_admin import ensure_topics
@@ -68,6 +68,7 @@ from agentstream.streams.telemetry import stages
 from agentstream.streams.telemetry import tracing as telemetry_tracing
 from agentstream.streams.telemetry.discovery import discover
 from agentstream.streams.telemetry.tracing import Tracing
+from bench.perf.bench_stacks import dev_stack, secure_stack
 from bench.perf.proc_cpu import cpu_seconds
 from bench.perf.scripted_agent import run_agent
 from bench.perf.workloads import WORKLOADS, Workload
@@ -164,8 +165,9 @@ class Level:
 
 async def measure(settings: Settings, levels: list[tuple[int, int]], telemetry: bool = False,
                   processes: dict[str, list[int]] | None = None,
-                  workload: Workload = WORKLOADS["plain"]) -> tuple[list[Level], float, int]:
-    """Each (concurrency, runs) level in turn after a warm-up; also the old 20-run unloaded step time."""
+                  workload: Workload = WORKLOADS["plain"], owner_url: str | None = None) -> tuple[list[Level], float, int]:
+    """Each (concurrency, runs) level in turn after a warm-up; also the old 20-run unloaded step time.
+    The events history is read back as ``owner_url`` (a tenant's own login may not read it)."""
     processes = processes or {}
     stop_scraping = asyncio.Event()
     scraper = asyncio.create_task(scrape_metrics(settings, stop_scraping)) if telemetry else None
@@ -196,7 +198,7 @@ async def measure(settings: Settings, levels: list[tuple[int, int]], telemetry: 
     if scraper is not None:
         stop_scraping.set()
         scrapes = await scraper
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await asyncpg.connect(owner_url or settings.database_url)
     try:
         for level in measured:
             rows = await conn.fetch(
@@ -223,18 +225,21 @@ def telemetry_env(mode: str, trace_mode: str, sample: float, trace_file: Path) -
     return env
 
 
-def start_workers(settings: Settings, layout: str, log_dir: Path,
-                  extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url,
-           "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix, "AGENTSTREAM_PARTITIONS": str(settings.partitions),
-           **(extra_env or {})}
+def start_workers(settings: Settings, layout: str, log_dir: Path, extra_env: dict[str, str] | None = None,
+                  connection_env: Callable[[str], dict[str, str]] | None = None) -> list[subprocess.Popen]:
+    """The workers of ``layout``; ``connection_env(service)``: how that service connects (its own principal
+    and login on the secure stack), else the settings' bootstrap servers and database URL."""
+    base = {**os.environ, "AGENTSTREAM_TOPIC_PREFIX": settings.topic_prefix,
+            "AGENTSTREAM_PARTITIONS": str(settings.partitions), **(extra_env or {})}
     groups = {"single": [["all"]], "split": [["planner"], ["inference"], ["tools"], ["retrieval"]],
               "split2": [["planner"], ["planner"], ["inference"], ["tools"], ["retrieval"]]}[layout]
     procs = []
     for group in groups:
         log = open(log_dir / f"worker-{group[0]}.log", "ab")
+        connection = connection_env(group[0]) if connection_env is not None else {
+            "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap, "DATABASE_URL": settings.database_url}
         procs.append(subprocess.Popen([sys.executable, "-m", "agentstream.cli", "worker", *group, "--log-level", "WARNING"],
-                                      env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+                                      env={**base, **connection}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
@@ -243,7 +248,8 @@ async def wait_ready(settings: Settings, timeout: float = 60) -> None:
     here first: the client refuses to start on a broker that lacks them, and the workers, started a
     moment ago, may not have made them yet (the benchmark exited before its report when they had not)."""
     deadline = time.monotonic() + timeout
-    await ensure_topics(settings.kafka_bootstrap, Topics.of(settings).specs(), auth=settings.kafka_auth)
+    if not settings.kafka_auth.sasl:  # on the secure stack the administrator made them (bench_stacks.py)
+        await ensure_topics(settings.kafka_bootstrap, Topics.of(settings).specs(), auth=settings.kafka_auth)
     async with AgentClient(settings) as client:
         while True:
             try:
@@ -366,14 +372,15 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="plain",
                         help="plain: runs of 3 steps; conversations: turns of sessions with two parallel calls "
                              "(bench/perf/workloads.py)")
+    parser.add_argument("--secure", action="store_true",
+                        help="on a secure three-node stack of its own (bench/perf/bench_stacks.py), not the dev stack")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
     levels = parse_levels(args.concurrency, args.runs, args.sequential_runs)
 
-    status = DevStack().up()
-    settings = replace(Settings.load(), kafka_bootstrap=status.kafka, database_url=status.database_url,
-                       topic_prefix=f"bench{uuid.uuid4().hex[:6]}.")
+    stack = secure_stack(Settings.load().partitions) if args.secure else dev_stack(f"bench{uuid.uuid4().hex[:6]}.")
+    settings = stack.settings
     log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
     traced = args.telemetry in ("on", "tracing")
     metered = args.telemetry in ("on", "metrics")
@@ -388,18 +395,18 @@ def main() -> None:
                                trace_file=trace_file, sample=args.trace_sample)
     client_tracing = Tracing.from_settings(client_telemetry)
     telemetry_tracing.install(client_tracing)
-    procs = start_workers(settings, args.layout, log_dir, env)
+    procs = start_workers(settings, args.layout, log_dir, env, stack.worker_env if args.secure else None)
     names = {"split": ["planner", "inference", "tools", "retrieval"],
              "split2": ["planner", "planner", "inference", "tools", "retrieval"], "single": ["all"]}[args.layout]
     processes: dict[str, list[int]] = {}
     for name, proc in zip(names, procs, strict=True):
         processes.setdefault(name, []).append(proc.pid)
-    processes.update({"broker": [status.kafka_pid] if status.kafka_pid else [],
-                      "postgres": [status.postgres_pid] if status.postgres_pid else [], "client": [os.getpid()]})
+    processes.update({**stack.server_pids, "client": [os.getpid()]})
     try:
         asyncio.run(wait_ready(settings))
         measured, sequential_ms, scrapes = asyncio.run(measure(settings, levels, telemetry=metered,
-                                                               processes=processes, workload=workload))
+                                                               processes=processes, workload=workload,
+                                                               owner_url=stack.owner_url))
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -408,8 +415,11 @@ def main() -> None:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
-        asyncio.run(topics.delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth))
+        if args.secure:
+            stack.close()
+        else:
+            topics = Topics(prefix=settings.topic_prefix, partitions=settings.partitions)
+            asyncio.run(topics.delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth))
     baseline = in_process_steps_per_s(2000)
     in_process_ms = 1000 / baseline
     reports = [level_report(level, in_process_ms) for level in measured]
@@ -426,7 +436,7 @@ def main() -> None:
         "runs": high.runs, "concurrency": high.concurrency, "layout": args.layout, "workload": workload.name,
         "telemetry": args.telemetry, "trace_mode": args.trace_mode if traced else None,
         "trace_sample": args.trace_sample if traced else None, "metrics_scrapes": scrapes,
-        "worker_cpu_ms_per_step": reports[-1]["worker_cpu_ms_per_step"],
+        "worker_cpu_ms_per_step": reports[-1]["worker_cpu_ms_per_step"], "stack": stack.label,
     }
     if low is not high:
         out["loaded_hop_p50_ms"] = reports[-1]["hop_p50_ms"]
@@ -437,7 +447,7 @@ def main() -> None:
         spans = sum(1 for _ in trace_file.open("rb"))
         trace_file.unlink()
     out["spans_written"] = spans
-    print(f"workers: {args.layout}, telemetry {args.telemetry}" + (f" (metrics scraped {scrapes}x)" if metered else "")
+    print(f"{stack.label}; workers: {args.layout}, telemetry {args.telemetry}" + (f" (metrics scraped {scrapes}x)" if metered else "")
           + (f" (tracing {args.trace_mode}, sample {args.trace_sample:g}: {spans} spans)" if traced else ""))
     by_pid: dict[int, dict[str, list[tuple[float, float]]]] = {}
     if stages_dir is not None:

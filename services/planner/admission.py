@@ -6,6 +6,12 @@ the same rules guard against tasks published by other means) or names tools the 
 when it names an agent (or version) the agent catalogue does not know (services/planner/agents.py: a task
 naming a known one runs with the definition's fields), and when its run id is taken by another pipeline's
 run. A task over a quota fails with ``quota_exceeded``; so does a run whose tokens pass ``tokens_per_run``.
+Budgets over time (``tokens_per_hour``, ``tokens_per_day``, ``tasks_per_second``) are counted in PostgreSQL,
+shared by the cell's planners (streams/store/budgets.py): a task is charged at admission once its
+``max_steps`` is within the quota (and refused when it is one too many for its second, or when a token
+budget is used up), a model step's tokens when its result arrives (the run fails when nothing is left);
+each charge is keyed by the task's run or the step, so a redelivery is not counted twice. Cells without
+them make no extra query.
 A refused task is still recorded and answered with a ``RunFailed``: its producer is waiting for an outcome.
 """
 
@@ -19,9 +25,11 @@ from agentstream.services.planner import agents, machine, subagents
 from agentstream.services.planner.state import TERMINAL, RunState
 from agentstream.streams.catalog.agents import AgentCatalog
 from agentstream.streams.catalog.tools import ToolCatalog
+from agentstream.streams.config.quotas import Quotas
 from agentstream.streams.core import task_rules, tool_calling
 from agentstream.streams.core.events import TaskSubmitted
 from agentstream.streams.runtime.publisher import Runtime
+from agentstream.streams.store.budgets import Budget, BudgetLedger, Charge, Ledger, Use
 from agentstream.streams.store.history import TransitionStore
 from agentstream.streams.telemetry import stages
 
@@ -37,6 +45,8 @@ class Admission:
         self.tools = tools
         self.agents = agents or AgentCatalog.for_runtime(runtime)
         self.max_run = max_run
+        #: The cell's counters of budgets over time (made at first use; a test may give its own).
+        self.ledger: Ledger | None = None
 
     async def start(self, task: TaskSubmitted, now: datetime, *, queued: bool = False) -> RunState:
         """The run ``task`` starts: asking the model, or failed (``invalid_task``, ``quota_exceeded``,
@@ -63,7 +73,7 @@ class Admission:
         if task.parent_run_id is not None:  # a sub-agent's run (services/planner/subagents.py)
             state = state.changed(parent_run_id=task.parent_run_id, parent_step_id=task.parent_step_id,
                                   depth=task.depth)
-        over = await self.over_quota(task) if problem is None else None
+        over = await self.over_quota(task, now) if problem is None else None
         if problem is not None:
             state = machine.fail(state, now, "invalid_task", problem)
         elif over is not None:
@@ -119,23 +129,63 @@ class Admission:
             return f"unknown tools: {', '.join(unknown)}"
         return None
 
-    async def over_quota(self, task: TaskSubmitted) -> str | None:
-        """Why this pipeline's quotas refuse ``task`` (``Settings.quotas``), or None."""
+    async def over_quota(self, task: TaskSubmitted, now: datetime) -> str | None:
+        """Why this pipeline's quotas refuse ``task`` (``Settings.quotas``), or None. A task that asks for
+        no more steps than allowed is a submission (charged to ``tasks_per_second`` once per run id, in the
+        same round trip that reads the token budgets' use), whatever refuses it next."""
         quotas = self.runtime.settings.quotas
         if quotas.max_steps is not None and task.max_steps > quotas.max_steps:
             return f"max_steps {task.max_steps} is over the quota of {quotas.max_steps}"
+        uses = await self.budgets(task, now)
+        if uses and uses[0].budget is Budget.TASKS_PER_SECOND and uses[0].over:
+            return uses[0].reason()
         if quotas.runs_in_flight is not None:
             active = await self.store.active_count(self.runtime.topics.prefix)
             if active >= quotas.runs_in_flight:
                 return f"{active} runs are in flight, the quota is {quotas.runs_in_flight}"
+        for use in uses:
+            if use.budget is not Budget.TASKS_PER_SECOND and use.exhausted:
+                return use.reason()
         return None
 
-    def charge_tokens(self, state: RunState) -> RunState:
-        """``state`` after a step, failed with ``quota_exceeded`` if the run's tokens are now over the
-        pipeline's ``tokens_per_run``."""
-        limit = self.runtime.settings.quotas.tokens_per_run
+    async def budgets(self, task: TaskSubmitted, now: datetime) -> list[Use]:
+        """``task`` charged to ``tasks_per_second`` (first), and the token budgets' use; [] without them."""
+        quotas = self.runtime.settings.quotas
+        charges = _token_charges(quotas, 0)
+        if quotas.tasks_per_second is not None:
+            charges.insert(0, Charge(Budget.TASKS_PER_SECOND, 1, quotas.tasks_per_second))
+        if not charges:
+            return []
+        key = f"{task.run_id}:task" if quotas.tasks_per_second is not None else None
+        return await self._ledger().charge(key, now, charges)
+
+    async def charge_tokens(self, before: RunState, state: RunState, step_id: str) -> RunState:
+        """``state`` after the step ``step_id`` (``before``: the state it advanced from), failed with
+        ``quota_exceeded`` if the run's tokens are now over the pipeline's ``tokens_per_run``, or the
+        cell's tokens per hour or per day, to which the step's tokens are charged, are used up."""
+        quotas = self.runtime.settings.quotas
+        limit = quotas.tokens_per_run
         used = state.prompt_tokens + state.completion_tokens
         if limit is not None and state.status not in TERMINAL and used > limit:
-            return machine.fail(state, datetime.now(UTC), "quota_exceeded",
-                                f"the run used {used} tokens, over the quota of {limit} per run")
+            state = machine.fail(state, datetime.now(UTC), "quota_exceeded",
+                                 f"the run used {used} tokens, over the quota of {limit} per run")
+        spent = used - before.prompt_tokens - before.completion_tokens
+        if not quotas.token_budgets or spent <= 0:
+            return state
+        now = datetime.now(UTC)
+        for use in await self._ledger().charge(step_id, now, _token_charges(quotas, spent)):
+            if use.exhausted and state.status not in TERMINAL:
+                return machine.fail(state, now, "quota_exceeded", use.reason())
         return state
+
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
+            self.ledger = BudgetLedger(self.store.pool, self.runtime.topics.prefix)
+        return self.ledger
+
+
+def _token_charges(quotas: Quotas, amount: int) -> list[Charge]:
+    """``amount`` tokens charged to each token budget ``quotas`` sets (0: their use read)."""
+    return [Charge(budget, amount, limit) for budget, limit in ((Budget.TOKENS_PER_HOUR, quotas.tokens_per_hour),
+                                                                (Budget.TOKENS_PER_DAY, quotas.tokens_per_day))
+            if limit is not None]

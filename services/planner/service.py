@@ -189,7 +189,7 @@ class Planner:
             new = machine.prefetched(state, result, datetime.now(UTC))
         elif machine.is_pending_result(state, result):
             now = datetime.now(UTC)
-            new = self.admission.charge_tokens(machine.advance(state, result, now))
+            new = await self.admission.charge_tokens(state, machine.advance(state, result, now), result.step_id)
             if (handoff := subagents.wants_handoff(new)) is not None:  # a recorded switch of definition
                 new = await self.admission.hand_off(new, handoff, now)
         await self._transition(state, new, ctx, result)

@@ -104,6 +104,25 @@ def login_url(recorded: dict[str, Any], identity: Identity) -> str | None:
     return str(urlunsplit(parts._replace(netloc=netloc)))
 
 
+def env_database_url() -> str:
+    """``DATABASE_URL`` from the environment ('' when unset), with the password of
+    ``AGENTSTREAM_DATABASE_PASSWORD_FILE`` put in when that is set: a deployment mounts each login's
+    password as a file (``agentstream deploy render``, docs/deploy.md) and names only the login in the
+    URL, so that no password is in a process's environment. A password in the URL itself is replaced."""
+    url = os.environ.get("DATABASE_URL", "").strip()
+    password_file = os.environ.get("AGENTSTREAM_DATABASE_PASSWORD_FILE", "").strip()
+    if not (url and password_file):
+        return url
+    from urllib.parse import quote
+
+    password = read_secret(Path(password_file).expanduser(), "AGENTSTREAM_DATABASE_PASSWORD_FILE")
+    parts = urlsplit(url)
+    if not parts.username:
+        raise ConfigError("AGENTSTREAM_DATABASE_PASSWORD_FILE needs a login in DATABASE_URL (postgresql://LOGIN@HOST/DB)")
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname or "")
+    return str(urlunsplit(parts._replace(netloc=f"{parts.username}:{quote(password, safe='')}@{host}")))
+
+
 def read_secret(path: Path, what: str) -> str:
     """A secret file's content, stripped; ``ConfigError`` naming ``what`` when it is unreadable or empty."""
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from agentstream.streams.config import env
 from agentstream.streams.config.generation import GenerationSettings
-from agentstream.streams.config.identity import CLIENT, Identity, load_kafka_auth, login_url
+from agentstream.streams.config.identity import CLIENT, Identity, env_database_url, load_kafka_auth, login_url
 from agentstream.streams.config.kafka_auth import KafkaAuth, kafka_options
 from agentstream.streams.config.masking import masked_repr
 from agentstream.streams.config.quotas import Quotas
@@ -131,7 +131,7 @@ class Settings:
         paths = paths or StackPaths.from_env()
         recorded = read_state(paths.state_file)
         env_kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
-        env_db = os.environ.get("DATABASE_URL", "").strip()
+        env_db = env_database_url()  # (its password from AGENTSTREAM_DATABASE_PASSWORD_FILE, if set)
         tenant = env.tenant()
         return cls(
             kafka_bootstrap=env_kafka

@@ -12,8 +12,8 @@ from typing import Any
 
 from agentstream.streams.core import resources
 
-DEFAULT_KAFKA_PORT = 39092
-DEFAULT_POSTGRES_PORT = 35432
+DEFAULT_KAFKA_PORT = 17092
+DEFAULT_POSTGRES_PORT = 17432
 DEFAULT_DATABASE = "agentstream"
 
 

@@ -168,7 +168,10 @@ class DeadLetters:
             return RedriveResult(stored.offset, "would_redrive",
                                  f"would republish {_size(original.value)} from the {original.origin} to {source}",
                                  source, value_from=original.origin)
-        claim = await self._redrives.claim(stored, letter, original.origin, force, by=self.redriven_by)
+        try:
+            claim = await self._redrives.claim(stored, letter, original.origin, force, by=self.redriven_by)
+        except DeadLetterError as exc:  # a login that may not re-drive: refused before anything is published
+            return RedriveResult(stored.offset, "refused", str(exc), source)
         if claim is None:
             return RedriveResult(stored.offset, "skipped", "re-driven by someone else meanwhile", source)
         try:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -41,6 +42,11 @@ class RedriveLog:
         except asyncpg.UndefinedTableError:
             raise DeadLetterError("this database has no dlq_redrives table yet: apply the migrations "
                                   "(`agentstream dev up`, or start a worker)") from None
+        except asyncpg.InsufficientPrivilegeError:
+            # Re-driving is the operator's (migration 0023): a reader's or a tenant's login may not record one.
+            login = urlsplit(self.settings.database_url).username or "of this process"
+            raise DeadLetterError(f"the database login {login} is refused on the re-drive records (dlq_redrives): "
+                                  "re-driving is the operator's (docs/security.md, \"The operator's tools\")") from None
 
     async def rows(self, stored: StoredLetter) -> list[dict[str, Any]]:
         """The re-drives recorded for this letter, oldest first."""

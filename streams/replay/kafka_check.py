@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from agentstream.streams.core.errors import DecodeError, UnknownSchema
 from agentstream.streams.core.task_rules import MAX_EVENT_ID_CHARS
@@ -40,9 +41,14 @@ async def cross_check(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, co
         return
     described = await admin.describe_topics(sorted({tp.topic for tp in wanted}))
     existing = {d["topic"]: {p["partition"] for p in d["partitions"]} for d in described if d["error_code"] == 0}
+    # A tenant's principal reads its cell's outcomes but not the services' topics (docs/security.md): those
+    # events stay unchecked, said so, rather than reported missing.
+    refused = {d["topic"] for d in described if d["error_code"] == TopicAuthorizationFailedError.errno}
     tps = []
     for tp, by_offset in wanted.items():
-        if tp.partition in existing.get(tp.topic, ()):
+        if tp.topic in refused:
+            _mark(by_offset.values(), "unchecked", "this principal may not read the topic")
+        elif tp.partition in existing.get(tp.topic, ()):
             tps.append(tp)
         else:
             _mark(by_offset.values(), "missing", "the topic or partition no longer exists")
@@ -82,7 +88,15 @@ async def cross_check(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, co
             consumer.seek(tp, spans[tp][0][0])
     deadline = time.monotonic() + timeout_s
     while spans and time.monotonic() < deadline:
-        batch = await consumer.getmany(*spans, timeout_ms=100)
+        try:
+            batch = await consumer.getmany(*spans, timeout_ms=100)
+        except TopicAuthorizationFailedError as exc:  # may describe (it writes there), may not read
+            named = [tp for tp in spans if not exc.args or tp.topic == exc.args[0]] or list(spans)
+            for tp in named:
+                _mark(wanted[tp].values(), "unchecked", "this principal may not read the topic")
+                del spans[tp]
+                consumer.pause(tp)
+            continue
         for tp, messages in batch.items():
             by_offset = wanted[tp]
             for msg in messages:
@@ -107,8 +121,8 @@ async def cross_check(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, co
                 else:
                     del spans[tp]
                     consumer.pause(tp)
-    for by_offset in wanted.values():
-        _mark([e for e in by_offset.values() if e.kafka == "unchecked"], "missing",
+    for by_offset in wanted.values():  # (an event left unchecked with a note was not this principal's to read)
+        _mark([e for e in by_offset.values() if e.kafka == "unchecked" and not e.kafka_note], "missing",
               "not found at its offset (compacted, or not read in time)")
 
 

@@ -10,13 +10,16 @@ model request carries for the backlog signal) come from hooks its producer regis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import OutOfOrderSequenceNumber, ProducerFenced
 from aiokafka.structs import RecordMetadata
 
 from agentstream.streams.config.settings import Settings
@@ -34,7 +37,20 @@ if TYPE_CHECKING:  # prometheus-client and OpenTelemetry are the [worker] extra:
     from agentstream.streams.telemetry.stages import StageClock
     from agentstream.streams.telemetry.tracing import Tracing
 
+log = logging.getLogger(__name__)
+
 E = TypeVar("E", bound=Event)
+#: Errors after which an aiokafka producer is dead for good: its sender stops, fails every pending record
+#: and every later send with the same error. Seen when the node leading a partition was killed (the chaos
+#: suite's first ``--secure`` runs, on topics that then had one replica by the suite's mistake): the leader
+#: answered a retried batch with OUT_OF_ORDER_SEQUENCE_NUMBER, and the process dead-lettered every record it
+#: handled after that. Kafka's Java client bumps its producer epoch and goes on (KIP-360);
+#: aiokafka has no such path, so the runtime puts a new producer (a new producer id, sequences from 0) in
+#: its place and the records that failed are sent again by their handlers' retries (consumers drop a
+#: copy by its event id).
+DEAD_PRODUCER_ERRORS: tuple[type[BaseException], ...] = (OutOfOrderSequenceNumber, ProducerFenced)
+#: How long a dead producer may take to close (its records failed already; nothing is flushed).
+_DEAD_STOP_S = 5.0
 #: Headers for one event, from its type's hook (``Runtime.add_header_hook``).
 HeaderHook = Callable[[Event], Iterable[tuple[str, bytes]]]
 
@@ -75,11 +91,11 @@ class Runtime:
         self.metrics = metrics
         self.stages: StageClock | None = _process_stages() if isinstance(stages, _Default) else stages
         self.topics = Topics.of(settings)
-        self.producer = AIOKafkaProducer(
-            **settings.kafka_options(), acks="all", enable_idempotence=True,
-            linger_ms=linger_ms, request_timeout_ms=settings.kafka_request_timeout_ms,
-            partitioner=key_partitioner,
-        )
+        self._linger_ms = linger_ms
+        self.producer = self._new_producer()
+        #: Producers replaced after a fatal error (``DEAD_PRODUCER_ERRORS``), for logs and tests.
+        self.producer_renewals = 0
+        self._renewing: asyncio.Task[None] | None = None
         self._started = False
         self._header_hooks: dict[type[Event], HeaderHook] = {}
         #: Where events over ``settings.max_event_bytes`` go (a worker sets it; clients have none).
@@ -91,10 +107,44 @@ class Runtime:
         there: the planner, a model request's prompt tokens (``telemetry.backlog.prompt_tokens_header``)."""
         self._header_hooks[event_type] = cast(HeaderHook, hook)
 
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **self.settings.kafka_options(), acks="all", enable_idempotence=True,
+            linger_ms=self._linger_ms, request_timeout_ms=self.settings.kafka_request_timeout_ms,
+            partitioner=key_partitioner,
+        )
+
     async def start(self) -> None:
         if not self._started:
             await self.producer.start()
             self._started = True
+
+    def _check_delivery(self, producer: AIOKafkaProducer, future: asyncio.Future[RecordMetadata]) -> None:
+        if not future.cancelled() and (error := future.exception()) is not None:
+            self._renew_after(producer, error)
+
+    def _renew_after(self, dead: AIOKafkaProducer, error: BaseException) -> None:
+        """Replace ``dead`` (once, however many of its records fail) if ``error`` killed it."""
+        if not isinstance(error, DEAD_PRODUCER_ERRORS) or self.producer is not dead or not self._started:
+            return
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.get_running_loop().create_task(self._renew(dead, error))
+
+    async def _renew(self, dead: AIOKafkaProducer, error: BaseException) -> None:
+        log.warning("the Kafka producer stopped on %s: %s; a new one takes its place", type(error).__name__, error)
+        fresh = self._new_producer()
+        await fresh.start()
+        self.producer = fresh
+        self.producer_renewals += 1
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(dead.stop(), _DEAD_STOP_S)
+
+    async def _producer(self) -> AIOKafkaProducer:
+        """The producer to send with: once a renewal is under way, the new one."""
+        renewing = self._renewing
+        if renewing is not None and not renewing.done():
+            await asyncio.shield(renewing)
+        return self.producer
 
     async def publish_schemas(self) -> int:
         """Publish the schemas this process writes with to the schemas topic (``streams/kafka/schema_log.py``),
@@ -105,6 +155,9 @@ class Runtime:
         return await self.codec.schemas.publish(self.producer)
 
     async def stop(self) -> None:
+        if self._renewing is not None and not self._renewing.done():
+            with contextlib.suppress(Exception):
+                await self._renewing
         await self.producer.stop()  # flushes what is pending (and closes one never started: no warning)
         await self.codec.close()
         self._started = False
@@ -133,8 +186,14 @@ class Runtime:
         sent = time.perf_counter() if clock is not None else 0.0
         # Rounded, not truncated (aiokafka's default): the record timestamp is where hop latencies are
         # measured from, and truncating to the millisecond made every hop look 0.5 ms longer on average.
-        future = await self.producer.send(topic, value, key=(key if key is not None else event.run_id).encode(),
-                                          headers=hdrs, timestamp_ms=round(time.time() * 1000))
+        producer = await self._producer()
+        try:
+            future = await producer.send(topic, value, key=(key if key is not None else event.run_id).encode(),
+                                         headers=hdrs, timestamp_ms=round(time.time() * 1000))
+        except DEAD_PRODUCER_ERRORS as exc:  # it died before: its successor takes this record's retry
+            self._renew_after(producer, exc)
+            raise
+        future.add_done_callback(lambda f: self._check_delivery(producer, f))
         if clock is not None:
             future.add_done_callback(lambda _f: clock.since("produce", sent))
         tr = self.tracing

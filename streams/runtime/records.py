@@ -116,7 +116,7 @@ class Context:
         self.runtime = runtime
         self.service = service
         self.record = record
-        self.traceparent = (record.headers.get(tracing.HEADER) or b"").decode() or None
+        self.traceparent = tracing.valid(record.headers.get(tracing.HEADER))
         self.out_traceparent = out_traceparent or tracing.child_of(self.traceparent)
         self.span = span
         self._metrics = metrics

@@ -12,6 +12,7 @@ root span, and the runtime makes one span per handled record (``streams/runtime/
 from __future__ import annotations
 
 import contextvars
+import re
 import secrets
 from collections.abc import Callable
 
@@ -66,6 +67,22 @@ def new_traceparent() -> str:
 
 def random_traceparent() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def valid(header: bytes | None) -> str | None:
+    """A record's ``traceparent`` header if it is one (W3C Trace Context: version, trace id, parent id,
+    flags, lower-case hex; the all-zero ids are invalid), else None. A producer's header is input like any
+    other: a junk value must not be stored on the run nor passed on (one of 100,000 characters was kept on
+    the run's row until the hostile suite sent it)."""
+    if not header or len(header) != 55:
+        return None
+    text = header.decode("ascii", errors="replace")
+    if not _TRACEPARENT.fullmatch(text) or text[3:35] == "0" * 32 or text[36:52] == "0" * 16 or text[:2] == "ff":
+        return None
+    return text
 
 
 def child_of(parent: str | None) -> str:

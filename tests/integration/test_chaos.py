@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -159,7 +159,7 @@ def test_a_sessions_transcript_is_checked_against_its_completed_turns(chaos: dic
     assert violations(["t1", "t2", "t2", "t3"]) == 1  # doubled
 
 
-def test_a_trees_children_are_checked_one_per_step_each_completed_with_its_effect(chaos: dict[str, ModuleType]) -> None:
+def test_a_trees_children_are_checked_one_per_step_each_completed(chaos: dict[str, ModuleType]) -> None:
     check = chaos["chaos_check"]
     parent = _run(chaos, "p", "tree")
     evidence = dict(outcomes=[_rec(chaos, _completed("p"), 0)], rows={"p": _row("completed")})
@@ -167,15 +167,21 @@ def test_a_trees_children_are_checked_one_per_step_each_completed_with_its_effec
     def kid(run_id: str, step: str, status: str = "completed") -> dict:
         return {"run_id": run_id, "status": status, "parent": "p", "step": step}
 
-    def violations(children: list[dict], effects: tuple[str, ...] = ("c1", "c2")) -> int:
+    def report(children: list[dict], effects: tuple[str, ...] = ("c1", "c2")):
         found = _evidence(chaos, **evidence, children=children,
                           effects=[{"run_id": r, "step_id": f"{r}:1:tool", "n": 1} for r in effects])
-        return check.build_report([parent], found, [], [], GRACE_S, {}).counts["tree_violations"]
+        return check.build_report([parent], found, [], [], GRACE_S, {})
+
+    def violations(children: list[dict], effects: tuple[str, ...] = ("c1", "c2")) -> int:
+        return report(children, effects).counts["tree_violations"]
 
     assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool")]) == 0
     assert violations([kid("c1", "p:1:tool")], effects=("c1",)) == 1  # a child lost
     assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool", "failed")]) == 1  # unfinished under an answer
-    assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool")], effects=("c1",)) == 1  # its effect missing
+    # A completed child whose call was cut off (answered "interrupted", at most once) is counted, not a violation.
+    assert violations([kid("c1", "p:1:tool"), kid("c2", "p:2:tool")], effects=("c1",)) == 0
+    assert report([kid("c1", "p:1:tool"), kid("c2", "p:2:tool")], effects=("c1",)).details["trees"][
+        "children_missing_effects"] == 1
     assert violations([kid("c1", "p:1:tool"), kid("c2", "p:1:tool")]) == 1  # one step, two children
 
 
@@ -249,3 +255,49 @@ def test_every_kind_of_fault_is_planned_in_both_modes(chaos: dict[str, ModuleTyp
             assert {f"{service}-1", f"{service}-2"} <= set(killed)
         pause = next(s for s in plan if s.kind == "pause")
         assert pause.hold_s * 1000 > 6000  # past the suite's session timeout
+
+
+def test_on_a_cluster_a_node_and_later_the_controller_are_killed(chaos: dict[str, ModuleType]) -> None:
+    faults = chaos["chaos_faults"]
+    for timings in (faults.FULL, faults.QUICK):
+        single = [s.target for s in faults.build_plan(timings) if s.kind == "broker_kill"]
+        cluster = [s.target for s in faults.build_plan(timings, brokers=3) if s.kind == "broker_kill"]
+        assert single == ["kafka"]
+        assert cluster == ["node-2", faults.CONTROLLER]
+
+
+def test_the_controller_is_the_leader_of_the_newest_quorum_epoch(chaos: dict[str, ModuleType], tmp_path: Path) -> None:
+    """Each live node's ``quorum-state`` names the leader it knows; a dead node's stale file is ignored."""
+    faults = chaos["chaos_faults"]
+    states = {1: (2, 7), 2: (3, 9), 3: (1, 12)}  # node: (leader it recorded, epoch)
+    nodes = []
+    for n, (leader, epoch) in states.items():
+        data = tmp_path / f"node{n}" / "__cluster_metadata-0"
+        data.mkdir(parents=True)
+        (data / "quorum-state").write_text(json.dumps({"leaderId": leader, "leaderEpoch": epoch, "votedId": -1}))
+        nodes.append(SimpleNamespace(data_dir=data.parent))
+    alive = {1, 2, 3}
+    stack = SimpleNamespace(cluster=SimpleNamespace(nodes=nodes), kafka_pid=lambda n: 100 + n if n in alive else None)
+    assert faults.controller_leader(stack) == 1
+    alive.discard(3)  # node 3 is down: its newer-looking file is not news
+    assert faults.controller_leader(stack) == 3
+    alive.clear()
+    with pytest.raises(RuntimeError):
+        faults.controller_leader(stack)
+
+
+def test_a_violation_in_any_cell_fails_the_merged_verdict(chaos: dict[str, ModuleType]) -> None:
+    """``--secure`` judges each tenant's cell apart and sums: the other tenant's lost run counts."""
+    check = chaos["chaos_check"]
+    clean = check.build_report([_run(chaos, "a")], _evidence(
+        chaos, outcomes=[_rec(chaos, _completed("a"), 0)], rows={"a": _row("completed")}), [], [], GRACE_S,
+        {"a": T0 + 2})
+    lost = check.build_report([_run(chaos, "b1"), _run(chaos, "b2")], _evidence(
+        chaos, outcomes=[_rec(chaos, _failed("b1", "tool_failed", "boom"), 0)],
+        rows={"b1": _row("failed", "tool_failed", "boom")}), [], [], GRACE_S, {"b1": T0 + 2})
+    merged = check.merge_reports([("acme", clean), ("beta", lost)])
+    assert merged.counts["runs"] == 3 and merged.counts["completed"] == 1 and merged.counts["lost"] == 1
+    assert merged.counts["failed_by"] == {"tool_failed": 1}
+    assert merged.details["cells"] == {"acme": clean.counts, "beta": lost.counts}
+    assert [r["run_id"] for r in merged.details["lost_runs"]] == ["b2"]  # named, whichever cell it was in
+    assert check.merge_reports([("default", clean)]) is clean

@@ -66,3 +66,17 @@ async def test_a_forwarded_record_has_no_span(spans):
     end = End()
     await compose([RecordTracing(tracing, "svc")], end)(d)
     assert end.calls == [d] and d.span is None and memory.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize("header, kept", [
+    (b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),
+    (b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0", False),    # short
+    (b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01", False),   # upper case
+    (b"00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),   # the invalid all-zero trace id
+    (b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", False),   # the invalid all-zero parent id
+    (b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", False),   # the invalid version
+    (b"x" * 100_000, False), (b"\xff" * 55, False), (b"", False), (None, False),
+])
+def test_only_a_w3c_traceparent_header_is_taken(header: bytes | None, kept: bool) -> None:
+    """A producer's header is input: junk (the hostile suite sent 100,000 characters) is dropped, not stored."""
+    assert trace_context.valid(header) == (header.decode() if kept and header else None)

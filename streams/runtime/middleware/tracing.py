@@ -29,7 +29,7 @@ class RecordTracing:
             await call_next(delivery)
             return
         record, event = delivery.record, delivery.event
-        parent = record.headers.get(trace_context.HEADER, b"").decode(errors="replace") or None
+        parent = trace_context.valid(record.headers.get(trace_context.HEADER))
         span, delivery.out_traceparent = self.tracing.start_record_span(self.service, delivery.event_type, parent, {
             "agentstream.run_id": event.run_id, "agentstream.step_id": event.step_id,
             "agentstream.queue_wait_ms": delivery.queue_wait * 1000, "messaging.destination.name": record.topic,

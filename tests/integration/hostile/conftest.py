@@ -5,7 +5,12 @@ two tenants, as the attack of issue 37 found them, shared by every module of thi
   planners, inference with the scripted model, tools with the built-ins and the test tools). The victim
   of most attacks.
 - **beta**: one `worker all` process as the `worker` principal, with quotas (runs in flight 2, 6 steps,
-  2,000 tokens a run): the other tenant, and the attacker's own cell.
+  2,000 tokens a run, 5 tasks a second, a million tokens an hour and a day): the other tenant, and the
+  attacker's own cell.
+
+Each tenant's principal has a Kafka produce quota (agentstream/ops/client_quotas.py): acme the default
+(1 MiB/s), beta 64 KiB/s (``BETA_PRODUCE_RATE``), a small one so that its flood meets it within a second
+or two.
 
 An attacker holds one credential at a time (``tests/integration/acl_probes.send`` publishes as a named
 principal); what it may write is what the ACLs allow, and the tests show that writing it changes nothing
@@ -22,6 +27,7 @@ import pytest_asyncio
 
 from agentstream.devstack.private import PrivateStack
 from agentstream.ops.acls import tenant_prefix, tenant_principal
+from agentstream.ops.client_quotas import TenantKafkaQuota
 from agentstream.streams.catalog.tools import ToolCatalog
 from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.core.events import DeadLetter
@@ -36,9 +42,12 @@ PLANNERS = ("acme-planner", "acme-planner-2")
 TENANTS = (ACME, BETA)
 PARTITIONS = 4
 TOOLS = ["--tools", "agentstream.services.tools.builtin", "--tools", "tests.integration.pipeline_tools"]
+#: Bytes per second beta's principal may produce (the broker delays it beyond); acme's has the default.
+BETA_PRODUCE_RATE = 64 * 1024
 #: Beta's limits (its cell's planner enforces them); acme has none.
 QUOTAS_BETA = {"AGENTSTREAM_QUOTA_MAX_STEPS": "6", "AGENTSTREAM_QUOTA_RUNS_IN_FLIGHT": "2",
-               "AGENTSTREAM_QUOTA_TOKENS_PER_RUN": "2000"}
+               "AGENTSTREAM_QUOTA_TOKENS_PER_RUN": "2000", "AGENTSTREAM_QUOTA_TASKS_PER_SECOND": "5",
+               "AGENTSTREAM_QUOTA_TOKENS_PER_HOUR": "1000000", "AGENTSTREAM_QUOTA_TOKENS_PER_DAY": "1000000"}
 
 
 @dataclass
@@ -76,7 +85,8 @@ class Cells:
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def cells(tmp_path_factory) -> AsyncIterator[Cells]:
     directory = tmp_path_factory.mktemp("hostile")
-    stack = PrivateStack(directory / "state", secure=True, tenants=TENANTS)
+    stack = PrivateStack(directory / "state", secure=True, tenants=TENANTS,
+                         tenant_quotas={BETA: TenantKafkaQuota(producer_byte_rate=BETA_PRODUCE_RATE)})
     await stack.start()
     procs = []
     logs: dict[str, Path] = {}

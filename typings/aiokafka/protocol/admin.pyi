@@ -13,3 +13,6 @@ class CreateAclsRequest_v1(Struct):
 class DescribeAclsRequest:
     def __init__(self, resource_type: int, resource_name: str | None, resource_pattern_type_filter: int,
                  principal: str | None, host: str | None, operation: int, permission_type: int) -> None: ...
+
+class DescribeClientQuotasRequest:
+    def __init__(self, components: list[tuple[str, int, str]], strict: bool) -> None: ...
