@@ -97,9 +97,10 @@ CREATE POLICY agentstream_services ON tool_calls TO agentstream_tools USING (tru
 CREATE POLICY agentstream_replay_calls ON tool_calls TO agentstream_replay
     USING (agentstream_is_replay_run(run_id)) WITH CHECK (agentstream_is_replay_run(run_id));
 
--- agentstream_decide(), as 0015 defined it, and one change: a member of agentstream_replay decides on the
--- runs of replay pipelines only (the replayed run gets the decisions its original got), recorded under
--- its login like anyone's. Same arguments and result: replaced in place, its grants kept and one added.
+-- agentstream_decide(), as 0017 last defined it (a call of the pending fan-out that waits for approval may
+-- be decided too), and one change: a member of agentstream_replay decides on the runs of replay pipelines
+-- only (the replayed run gets the decisions its original got), recorded under its login like anyone's.
+-- Same arguments and result: replaced in place, its grants kept and one added.
 CREATE OR REPLACE FUNCTION agentstream_decide(p_run_id text, p_step_id text, p_approved boolean, p_reason text)
 RETURNS TABLE (approved boolean, reason text, decided_by text, decided_at timestamptz, decided_now boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
@@ -107,6 +108,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 DECLARE
     run_status text;
     waiting_at text;
+    call_waits boolean;
     inserted boolean := false;
 BEGIN
     IF NOT pg_has_role(session_user, 'agentstream_approver', 'MEMBER') THEN
@@ -122,9 +124,15 @@ BEGIN
         END IF;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM approval_decisions d WHERE d.run_id = p_run_id AND d.step_id = p_step_id) THEN
-        SELECT r.status, r.state ->> 'pending_step_id' INTO run_status, waiting_at FROM runs r
-        WHERE r.run_id = p_run_id;
-        IF run_status IS DISTINCT FROM 'awaiting_approval' OR waiting_at IS DISTINCT FROM p_step_id THEN
+        SELECT r.status, r.state ->> 'pending_step_id',
+               r.status IN ('running', 'awaiting_approval') AND r.state ->> 'pending_kind' = 'tools'
+               AND jsonb_path_exists(r.state -> 'pending_request',
+                                     '$.calls[*] ? (@.step_id == $step && @.awaiting_approval == true)',
+                                     jsonb_build_object('step', p_step_id))
+          INTO run_status, waiting_at, call_waits
+          FROM runs r WHERE r.run_id = p_run_id;
+        IF NOT coalesce(call_waits, false)
+           AND (run_status IS DISTINCT FROM 'awaiting_approval' OR waiting_at IS DISTINCT FROM p_step_id) THEN
             RAISE EXCEPTION USING ERRCODE = 'ZA001', MESSAGE = CASE
                 WHEN run_status IS NULL THEN format('no run %s', p_run_id)
                 WHEN run_status = 'awaiting_approval' THEN
