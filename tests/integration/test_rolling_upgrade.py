@@ -41,7 +41,7 @@ from agentstream.streams.kafka.registry import LocalRegistry
 from agentstream.streams.kafka.topic_admin import wait_for_group_coordinator
 from agentstream.streams.kafka.topics import Topics
 from agentstream.testing import end_offsets, read_events
-from tests.integration.processes import private_stack, start_worker, stop, wait_for_members
+from tests.integration.processes import private_stack, start_worker, stop, wait_for, wait_for_members
 from tests.schema_upgrade import newer_schemas
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(420)]
@@ -174,6 +174,11 @@ async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run
             await fleet.members(service, count + 1)  # maxSurge 1: the new one is in before the old one goes
             joined = time.monotonic()
             await load.settle()  # old and new consume side by side, with runs in flight
+            # The old one reads a new-version record before it goes (checked below). Which worker a run
+            # reaches is its partition's owner: runs keep coming from both clients, and one of the new
+            # client's lands on its partitions within seconds (the new client's session turns all go to
+            # one partition, so a fixed number of runs left this to chance: it failed CI once).
+            await wait_for(lambda label=f"{name}-old": _learnt(fleet.log(label)), 60, f"{name}-old reading a new schema")
             await fleet.stop(f"{name}-old")
             await fleet.members(service, count)
             side_by_side.append(time.monotonic() - joined)
@@ -237,3 +242,7 @@ async def test_a_rolling_upgrade_that_adds_an_optional_field_completes_every_run
             await client.close()
         await fleet.close()
         await topics.delete_all(settings.kafka_bootstrap, auth=settings.kafka_auth)
+
+
+async def _learnt(log: str) -> bool:
+    return "learnt schema" in log
