@@ -20,11 +20,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,25 +32,13 @@ from agentstream.streams.client.agent_client import AgentClient
 from agentstream.streams.config.settings import Settings
 from agentstream.streams.kafka.topic_admin import ensure_topics
 from agentstream.streams.kafka.topics import Topics
+from bench.perf.pipeline import start_workers
 from bench.perf.proc_cpu import cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The settings' default partitions per topic (``Settings.partitions``), what ``dev up`` makes.
 DEFAULT_PARTITIONS = next(f.default for f in dataclasses.fields(Settings) if f.name == "partitions")
 LAYOUTS = {"split": ["planner", "inference", "tools", "retrieval"], "single": ["all"]}
-
-
-def start_workers(stack: PrivateStack, layout: str, partitions: int, logs: Path,
-                  extra_env: dict[str, str]) -> dict[str, subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTSTREAM_", "KAFKA_", "DATABASE_"))}
-    env.update({**stack.env(), "AGENTSTREAM_TOPIC_PREFIX": "", "AGENTSTREAM_TRACING": "off",
-                "AGENTSTREAM_PARTITIONS": str(partitions), **extra_env})
-    procs = {}
-    for service in LAYOUTS[layout]:
-        log = open(logs / f"{service}.log", "ab")
-        procs[service] = subprocess.Popen([sys.executable, "-m", "agentstream.cli", "worker", service, "--log-level",
-                                           "WARNING"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    return procs
 
 
 async def one_run(stack: PrivateStack, partitions: int, timeout_s: float = 180) -> None:
@@ -106,7 +92,11 @@ def main() -> None:
         asyncio.run(stack.start())
         logs = workdir / "logs"
         logs.mkdir()
-        procs = start_workers(stack, args.layout, args.partitions, logs, extra)
+        # The pipeline benchmark's launcher: its layouts, connected to this stack, the catalogue unprefixed.
+        settings = stack.settings(partitions=args.partitions)
+        started = start_workers(settings, args.layout, logs, {"AGENTSTREAM_TRACING": "off", **extra},
+                                lambda _service: stack.env())
+        procs = dict(zip(LAYOUTS[args.layout], started, strict=True))
         asyncio.run(one_run(stack, args.partitions))
         time.sleep(args.settle_s)
         pids = {name: [proc.pid] for name, proc in procs.items()}

@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from agentstream.devstack import process
+from agentstream.devstack.private import free_kafka_port
 from agentstream.services.worker import WorkerOptions
 from agentstream.streams.config.settings import Settings
 from agentstream.testing import Pipeline
@@ -25,15 +26,6 @@ from tests.integration.processes import ROOT, start_worker, stop, wait_for
 pytestmark = pytest.mark.slow
 RUNS = 16
 TASK = '[[slow:200]] [[tool:effect {"label": "first"}]] [[tool:effect {"label": "second"}]] [[answer:done]]'
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports."""
-    for _ in range(100):
-        first = process.free_port()
-        if first + count < 65536 and not any(process.port_in_use("127.0.0.1", first + i) for i in range(count)):
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def dev(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -61,7 +53,7 @@ async def topic_layout(bootstrap: str, topic: str) -> tuple[set[int], str]:
 
 async def test_a_three_broker_cluster_loses_nothing_when_a_broker_dies(database_url, effects_table, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "AGENTSTREAM_KAFKA_PORT")}
-    env.update(AGENTSTREAM_STATE_DIR=str(tmp_path / "state"), AGENTSTREAM_KAFKA_PORT=str(free_ports(6)),
+    env.update(AGENTSTREAM_STATE_DIR=str(tmp_path / "state"), AGENTSTREAM_KAFKA_PORT=str(free_kafka_port(3)),
                DATABASE_URL=database_url)  # the session's database: only Kafka is started here
     up = dev(env, "up", "--brokers", "3")
     assert up.returncode == 0, up.stdout + up.stderr
